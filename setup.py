@@ -1,0 +1,36 @@
+"""mtrl_jax: multi-turn RL for language-model agents in JAX."""
+from setuptools import find_packages, setup
+
+HF = ["torch==2.13.0", "transformers>=4.44", "safetensors>=0.4"]
+TEXTARENA = ["textarena>=0.7"]
+
+setup(
+    name="mtrl_jax",
+    version="0.1.0",
+    description="Multi-turn reinforcement learning of language-model agents in JAX, "
+    "built to study long-horizon credit assignment.",
+    packages=find_packages(include=["mtrl_jax", "mtrl_jax.*"]),
+    python_requires=">=3.10",
+    install_requires=[
+        "jax>=0.7",
+        "flax>=0.12",
+        "optax>=0.2.5",
+        "orbax-checkpoint>=0.11",
+        "chex>=0.1.90",
+        "ml-collections>=1.0",
+        "tensorflow-datasets>=4.9.9",
+        "array_record>=0.7",
+        "importlib_resources",
+        "absl-py>=2.0",
+        "numpy>=1.26",
+        "tensorboardX>=2.6",
+        "matplotlib>=3.8",
+    ],
+    extras_require={
+        "hf": HF,
+        "textarena": TEXTARENA,
+        "dev": ["pytest>=8", "pytest-xdist>=3.5", "hypothesis>=6.100", "rlax>=0.1.6"]
+        + HF
+        + TEXTARENA,
+    },
+)
