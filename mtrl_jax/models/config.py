@@ -1,0 +1,70 @@
+"""Shape and numerics of a Llama/Qwen2-family decoder."""
+from __future__ import annotations
+
+import dataclasses
+
+import jax.numpy as jnp
+
+_DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelConfig:
+  """Everything that fixes a decoder's parameter shapes and arithmetic.
+
+  Llama and Qwen2 differ only in `qkv_bias` (Qwen2 has biases on q/k/v) and in
+  their usual `rope_theta`; both are plain fields here.
+  """
+
+  vocab_size: int = 264
+  dim: int = 256
+  n_layers: int = 4
+  n_heads: int = 4
+  n_kv_heads: int = 2
+  head_dim: int = 64
+  mlp_dim: int = 704
+  rope_theta: float = 10_000.0
+  norm_eps: float = 1e-6
+  qkv_bias: bool = False
+  tie_embeddings: bool = True
+  dtype: str = "float32"  # activations / matmul inputs
+  param_dtype: str = "float32"  # stored weights
+
+  def __post_init__(self):
+    for name in ("vocab_size", "dim", "n_layers", "n_heads", "n_kv_heads", "head_dim", "mlp_dim"):
+      if getattr(self, name) <= 0:
+        raise ValueError(f"ModelConfig.{name} must be positive, got {getattr(self, name)}")
+    if self.n_heads % self.n_kv_heads:
+      raise ValueError(
+          f"ModelConfig.n_heads ({self.n_heads}) must be a multiple of "
+          f"ModelConfig.n_kv_heads ({self.n_kv_heads}) for grouped-query attention")
+    if self.head_dim % 2:
+      raise ValueError(f"ModelConfig.head_dim must be even for RoPE, got {self.head_dim}")
+    for name in ("dtype", "param_dtype"):
+      if getattr(self, name) not in _DTYPES:
+        raise ValueError(f"ModelConfig.{name}={getattr(self, name)!r}; choose one of {sorted(_DTYPES)}")
+
+  @property
+  def compute_dtype(self):
+    return _DTYPES[self.dtype]
+
+  @property
+  def weight_dtype(self):
+    return _DTYPES[self.param_dtype]
+
+  def num_params(self) -> int:
+    """Parameter count (what `jax.tree` would sum), without building the model."""
+    d, h, kv, hd, f, v = self.dim, self.n_heads, self.n_kv_heads, self.head_dim, self.mlp_dim, self.vocab_size
+    attn = d * h * hd * 2 + d * kv * hd * 2 + (h * hd + 2 * kv * hd if self.qkv_bias else 0)
+    layer = attn + 3 * d * f + 2 * d
+    return v * d * (1 if self.tie_embeddings else 2) + self.n_layers * layer + d
+
+  @classmethod
+  def from_dict(cls, d) -> "ModelConfig":
+    """Builds from a dict/ConfigDict, naming any unknown field."""
+    d = dict(d)
+    known = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(d) - known)
+    if unknown:
+      raise ValueError(f"unknown model config field(s) {unknown}; known: {sorted(known)}")
+    return cls(**d)

@@ -1,0 +1,124 @@
+"""Decoder-only transformer of the Llama / Qwen2 family, with a KV cache.
+
+One forward serves training (no cache: the whole sequence at once) and
+sampling (a cache that persists across the turns of a session: each call
+appends only the new tokens, whatever the row's context length).
+"""
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from mtrl_jax.models.config import ModelConfig
+from mtrl_jax.models.layers import MLP, Attention, RMSNorm, _param, shard
+
+
+class KVCache(NamedTuple):
+  """Per-layer keys/values [B, S, KV, hd] and the valid length of each row.
+
+  Rows fill from slot 0 with no left padding: a token's slot is its RoPE
+  position, so rows of different lengths in one batch are exact.
+  """
+  k: tuple
+  v: tuple
+  length_b: jax.Array  # int32 [B]
+
+  @property
+  def capacity(self) -> int:
+    return self.k[0].shape[1]
+
+
+class Block(nnx.Module):
+
+  def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
+    self.attn_norm = RMSNorm(cfg.dim, cfg.norm_eps, cfg.weight_dtype, rngs=rngs)
+    self.attn = Attention(cfg, rngs=rngs)
+    self.mlp_norm = RMSNorm(cfg.dim, cfg.norm_eps, cfg.weight_dtype, rngs=rngs)
+    self.mlp = MLP(cfg, rngs=rngs)
+
+  def __call__(self, x, pos_bt, k_cache, v_cache, write_pos_bt, kv_len_b):
+    a, k_cache, v_cache = self.attn(self.attn_norm(x), pos_bt, k_cache, v_cache, write_pos_bt, kv_len_b)
+    x = x + a.astype(x.dtype)
+    x = x + self.mlp(self.mlp_norm(x)).astype(x.dtype)
+    return shard(x, ("batch", "length", "embed")), k_cache, v_cache
+
+
+class Transformer(nnx.Module):
+  """The policy network. `lm_head=False` builds a bare trunk (for a critic)."""
+
+  def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs, lm_head: bool = True):
+    self.cfg = cfg
+    pdt = cfg.weight_dtype
+    self.embed = _param(rngs, nnx.initializers.normal(0.02), (cfg.vocab_size, cfg.dim), ("vocab", "embed"), pdt)
+    self.layers = nnx.List([Block(cfg, rngs=rngs) for _ in range(cfg.n_layers)])
+    self.final_norm = RMSNorm(cfg.dim, cfg.norm_eps, pdt, rngs=rngs)
+    self.has_lm_head = lm_head
+    if lm_head and not cfg.tie_embeddings:
+      self.lm_head = _param(rngs, nnx.initializers.normal(0.02), (cfg.dim, cfg.vocab_size), ("embed", "vocab"), pdt)
+
+  def init_cache(self, batch: int, capacity: int, dtype=None) -> KVCache:
+    cfg = self.cfg
+    dtype = dtype or cfg.compute_dtype
+    shape = (batch, capacity, cfg.n_kv_heads, cfg.head_dim)
+    zeros = tuple(jnp.zeros(shape, dtype) for _ in range(cfg.n_layers))
+    return KVCache(k=zeros, v=tuple(jnp.zeros(shape, dtype) for _ in range(cfg.n_layers)),
+                   length_b=jnp.zeros((batch,), jnp.int32))
+
+  def hidden(self, tokens_bt: jax.Array, cache: KVCache | None = None,
+             n_new_b: jax.Array | None = None, positions_bt: jax.Array | None = None):
+    """Final-normed hidden states [B,T,D] (compute dtype) and the updated cache.
+
+    Without a cache the T tokens attend causally to each other (right padding
+    is harmless: real tokens never look right). With a cache, row b appends its
+    first n_new_b[b] tokens (default all T) after its current length; the rest
+    of the row is padding whose outputs are meaningless and whose slots are
+    reclaimed by the next call.
+    """
+    b, t = tokens_bt.shape
+    steps = jnp.arange(t, dtype=jnp.int32)[None, :]
+    if cache is None:
+      pos = jnp.broadcast_to(steps, (b, t)) if positions_bt is None else positions_bt
+      kv_len = jnp.full((b,), jnp.iinfo(jnp.int32).max, jnp.int32)
+    else:
+      pos = cache.length_b[:, None] + steps
+      n_new = jnp.full((b,), t, jnp.int32) if n_new_b is None else n_new_b.astype(jnp.int32)
+      kv_len = cache.length_b + n_new
+    x = self.embed[...].astype(self.cfg.compute_dtype)[tokens_bt]
+    x = shard(x, ("batch", "length", "embed"))
+    ks, vs = [], []
+    for i, layer in enumerate(self.layers):
+      kc = None if cache is None else cache.k[i]
+      vc = None if cache is None else cache.v[i]
+      x, kc, vc = layer(x, pos, kc, vc, pos, kv_len)
+      ks.append(kc)
+      vs.append(vc)
+    x = self.final_norm(x)
+    new_cache = None if cache is None else KVCache(tuple(ks), tuple(vs), kv_len)
+    return x, new_cache
+
+  def logits(self, h_btd: jax.Array) -> jax.Array:
+    """Vocabulary logits in fp32 (log-probs must not be bf16-rounded)."""
+    if not self.has_lm_head:
+      raise ValueError("this Transformer was built with lm_head=False (a critic trunk)")
+    dt = self.cfg.compute_dtype
+    w = self.embed[...].T if self.cfg.tie_embeddings else self.lm_head[...]
+    out = jnp.einsum("btd,dv->btv", h_btd.astype(dt), w.astype(dt))
+    return shard(out.astype(jnp.float32), ("batch", "length", "vocab"))
+
+  def __call__(self, tokens_bt, cache: KVCache | None = None, n_new_b=None, positions_bt=None):
+    h, cache = self.hidden(tokens_bt, cache, n_new_b, positions_bt)
+    return self.logits(h), cache
+
+
+def token_logprobs(logits_btv: jax.Array, targets_bt: jax.Array) -> jax.Array:
+  """log p(target) under the logits, fp32."""
+  logp = jax.nn.log_softmax(logits_btv.astype(jnp.float32), axis=-1)
+  return jnp.take_along_axis(logp, targets_bt[..., None], axis=-1)[..., 0]
+
+
+def token_entropy(logits_btv: jax.Array) -> jax.Array:
+  logp = jax.nn.log_softmax(logits_btv.astype(jnp.float32), axis=-1)
+  return -jnp.sum(jnp.exp(logp) * logp, axis=-1)

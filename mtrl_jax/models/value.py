@@ -1,0 +1,73 @@
+"""Critics: a separate value network, or a value head on the policy's trunk.
+
+Both give one value per token position: V at token t estimates the return
+from that point of the session on.
+"""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from mtrl_jax.models.config import ModelConfig
+from mtrl_jax.models.layers import _param
+from mtrl_jax.models.transformer import Transformer
+
+
+class ValueHead(nnx.Module):
+  """Scalar projection of hidden states; zero-initialised so V starts at 0."""
+
+  def __init__(self, dim: int, dtype, *, rngs: nnx.Rngs):
+    self.w = _param(rngs, nnx.initializers.zeros, (dim,), ("embed",), dtype)
+    self.b = _param(rngs, nnx.initializers.zeros, (), (), dtype)
+
+  def __call__(self, h_btd: jax.Array) -> jax.Array:
+    return (jnp.einsum("btd,d->bt", h_btd.astype(jnp.float32), self.w[...].astype(jnp.float32))
+            + self.b[...].astype(jnp.float32))
+
+
+class Critic(nnx.Module):
+  """A value network with its own trunk (no LM head) and a scalar head."""
+
+  def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
+    self.trunk = Transformer(cfg, rngs=rngs, lm_head=False)
+    self.head = ValueHead(cfg.dim, cfg.weight_dtype, rngs=rngs)
+
+  def __call__(self, tokens_bt: jax.Array, positions_bt=None) -> jax.Array:
+    h, _ = self.trunk.hidden(tokens_bt, positions_bt=positions_bt)
+    return self.head(h)
+
+  @classmethod
+  def from_policy(cls, policy: Transformer, *, rngs: nnx.Rngs) -> "Critic":
+    """A critic whose trunk starts as a copy of the policy's (the usual warm start)."""
+    critic = cls(policy.cfg, rngs=rngs)
+    copy_trunk(policy, critic.trunk)
+    return critic
+
+
+def copy_trunk(src: Transformer, dst: Transformer) -> None:
+  """Copies every trunk parameter (embedding, blocks, final norm) src -> dst."""
+  src_state = nnx.state(src, nnx.Param)
+  dst_state = nnx.state(dst, nnx.Param)
+  src_flat = dict(nnx.to_flat_state(src_state))
+  missing = []
+  for path, var in nnx.to_flat_state(dst_state):
+    if path not in src_flat:
+      missing.append("/".join(map(str, path)))
+      continue
+    var.set_value(jnp.array(src_flat[path].get_value()))
+  if missing:
+    raise ValueError(f"source trunk lacks parameters {missing}")
+  nnx.update(dst, dst_state)
+
+
+class PolicyWithValueHead(nnx.Module):
+  """The option of one shared trunk: the policy plus a value head on its hidden states."""
+
+  def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs, policy: Transformer | None = None):
+    self.policy = policy if policy is not None else Transformer(cfg, rngs=rngs)
+    self.value_head = ValueHead(cfg.dim, cfg.weight_dtype, rngs=rngs)
+
+  def __call__(self, tokens_bt: jax.Array, positions_bt=None):
+    h, _ = self.policy.hidden(tokens_bt, positions_bt=positions_bt)
+    return self.policy.logits(h), self.value_head(h)
