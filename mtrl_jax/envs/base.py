@@ -1,0 +1,167 @@
+"""The environment protocol: text in, text out, one stateful session per object.
+
+An `Env` is a multi-turn task. `reset(seed)` starts an episode and returns the
+fixed task prompt plus the first observation; each `step(action)` consumes one
+action string and returns the next observation, a reward and two end flags.
+Subclasses implement `_reset` / `_step`; the base class keeps the bookkeeping
+every env needs and nobody should re-implement: the seed, the action history
+(for `replay`), the turn counter, the `max_turns` cut, and the `info` keys that
+consumers rely on (`invalid_action` always, `success` at the end).
+
+Pure Python and numpy only: envs run in host threads next to jitted code, and
+nothing here may know about models, sampling or training.
+"""
+from __future__ import annotations
+
+import abc
+import copy
+import hashlib
+import random
+from typing import Any, NamedTuple, Sequence
+
+
+class Reset(NamedTuple):
+  """What an episode starts with."""
+  prompt: str        # fixed task instructions (short for built-ins)
+  observation: str   # the first observation
+
+
+class Step(NamedTuple):
+  """What one action returns."""
+  observation: str
+  reward: float
+  terminated: bool   # the task itself ended (won, lost, submitted)
+  truncated: bool    # a horizon / turn limit cut the episode
+  info: dict
+
+
+class EnvError(RuntimeError):
+  """An environment failed (not the agent): a crashed tool, a lost server.
+
+  Rollout code should count it and drop or retry the episode, never train on it.
+  """
+
+
+def derive_seed(*parts: Any) -> int:
+  """A stable 63-bit seed from any printable parts (independent of PYTHONHASHSEED)."""
+  digest = hashlib.blake2b(repr(parts).encode(), digest_size=8).digest()
+  return int.from_bytes(digest, "little") >> 1
+
+
+class Env(abc.ABC):
+  """Base class of every environment (built-ins, adapters and wrappers).
+
+  Subclasses set `self.max_turns` in `__init__` and implement:
+    `_reset(seed) -> Reset`, `_step(action) -> Step`,
+    `expert_action() -> str`, `random_action(rng) -> str`.
+  They draw all randomness from `self.rng` (a `random.Random(seed)` made by
+  `reset`), never from the global `random` module.
+  """
+
+  name: str = ""        # registry name, set by `registry.register`
+  max_turns: int = 0    # steps after which the episode is truncated
+
+  def __new__(cls, *args, **kwargs):
+    # Remember the constructor arguments so `fresh()` / `replay()` can rebuild
+    # an identical env without each subclass storing its own config.
+    self = super().__new__(cls)
+    self._init_args = (args, dict(kwargs))
+    return self
+
+  # -- bookkeeping (do not override) ----------------------------------------
+
+  def reset(self, seed: int) -> Reset:
+    self.seed = int(seed)
+    self.rng = random.Random(self.seed)
+    self.actions: list[str] = []
+    self.turn = 0
+    self.done = False
+    out = self._reset(self.seed)
+    return Reset(str(out.prompt), str(out.observation))
+
+  def step(self, action: str) -> Step:
+    if not hasattr(self, "done"):
+      raise RuntimeError(f"{self.describe()}: call reset(seed) before step().")
+    if self.done:
+      raise RuntimeError(f"{self.describe()}: step() after the episode ended; call reset(seed).")
+    action = str(action)
+    out = self._step(action)
+    self.actions.append(action)
+    self.turn += 1
+    info = dict(out.info)
+    info.setdefault("invalid_action", False)
+    terminated, truncated = bool(out.terminated), bool(out.truncated)
+    if not terminated and self.turn >= self.max_turns:
+      truncated = True
+    if terminated or truncated:
+      info.setdefault("success", False)
+      self.done = True
+    return Step(str(out.observation), float(out.reward), terminated, truncated, info)
+
+  # -- copies ---------------------------------------------------------------
+
+  @property
+  def config(self) -> dict:
+    """The keyword arguments this env was built with."""
+    return dict(self._init_args[1])
+
+  def fresh(self) -> "Env":
+    """A new env with the same configuration, not yet reset."""
+    args, kwargs = self._init_args
+    return type(self)(*args, **kwargs)
+
+  def clone(self) -> "Env":
+    """An independent copy at the current state; it continues identically."""
+    return copy.deepcopy(self)
+
+  def replay(self, seed: int | None = None, actions: Sequence[str] | None = None) -> "Env":
+    """Rebuild from (seed, action history); defaults to this env's own history."""
+    seed = self.seed if seed is None else seed
+    actions = list(self.actions if actions is None else actions)
+    env = self.fresh()
+    env.reset(seed)
+    for a in actions:
+      env.step(a)
+    return env
+
+  def describe(self) -> str:
+    kw = ", ".join(f"{k}={v!r}" for k, v in self._init_args[1].items())
+    return f"{self.name or type(self).__name__}({kw})"
+
+  # -- to implement ---------------------------------------------------------
+
+  @abc.abstractmethod
+  def _reset(self, seed: int) -> Reset:
+    ...
+
+  @abc.abstractmethod
+  def _step(self, action: str) -> Step:
+    ...
+
+  @abc.abstractmethod
+  def expert_action(self) -> str:
+    """The scripted expert's action at the current state."""
+
+  @abc.abstractmethod
+  def random_action(self, rng: random.Random) -> str:
+    """A uniform draw over a sensible action set (bad actions included)."""
+
+
+def replay(env: Env, seed: int, actions: Sequence[str]) -> Env:
+  """Function form of `Env.replay`."""
+  return env.replay(seed, actions)
+
+
+def policy_action(env: Env, policy: str, rng: random.Random, quality: float = 1.0) -> str:
+  """One action of a named scripted policy.
+
+  policy: 'expert' (with probability 1 - quality it takes a random action
+  instead: the knob for suboptimal demonstrations) or 'random'.
+  """
+  if policy == "random":
+    return env.random_action(rng)
+  if policy == "expert":
+    if quality < 1.0 and rng.random() >= quality:
+      return env.random_action(rng)
+    return env.expert_action()
+  raise ValueError(f"unknown policy {policy!r}; valid: 'expert', 'random'")

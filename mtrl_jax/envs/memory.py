@@ -1,0 +1,99 @@
+"""`memory`: the credit-assignment probe.
+
+Turn 0 is the decisive choice: `peek` costs `peek_cost` and reveals a secret
+code (one of `num_codes` symbols), `skip` is free and reveals nothing. Then
+`length` distractor turns (echo the shown letter; nothing rides on them), then
+the question: answering the code gives +1.0. Without peeking the agent can
+only guess (success 1/num_codes). The good first action pays off only
+`length + 1` turns later, at a price paid immediately: discounted or lambda < 1
+credit sees the cost and under-weights the payoff; full-episode credit does not.
+
+  reset -> "peek or skip?"
+  peek  -> "code 7 say q"      (reward -0.05)
+  q     -> "say m"
+  m     -> "answer?"
+  7     -> "right"             (reward +1.0, terminated, success)
+"""
+from __future__ import annotations
+
+import random
+import string
+
+from mtrl_jax.envs.base import Env, Reset, Step
+from mtrl_jax.envs.registry import register
+
+CODE_SYMBOLS = string.digits + string.ascii_uppercase   # codes: 0-9, then A-Z
+ECHO_SYMBOLS = string.ascii_lowercase                   # distractor tokens
+
+
+@register("memory")
+class Memory(Env):
+  """Peek-or-skip, `length` distractor turns, then recall the code."""
+
+  def __init__(self, length: int = 3, num_codes: int = 10, peek_cost: float = 0.05,
+               distractor: str = "echo"):
+    """
+    Args:
+      length: distractor turns between the choice and the question (>= 0).
+      num_codes: size of the code alphabet (2..36: digits then capitals).
+      peek_cost: reward paid (as -peek_cost) for peeking.
+      distractor: 'echo' (repeat the shown letter) or 'wait' (any action is fine).
+    """
+    if length < 0:
+      raise ValueError(f"memory: length must be >= 0, got {length}")
+    if not 2 <= num_codes <= len(CODE_SYMBOLS):
+      raise ValueError(f"memory: num_codes must be in [2, {len(CODE_SYMBOLS)}], got {num_codes}")
+    if distractor not in ("echo", "wait"):
+      raise ValueError(f"memory: distractor must be 'echo' or 'wait', got {distractor!r}")
+    self.length = length
+    self.codes = CODE_SYMBOLS[:num_codes]
+    self.peek_cost = float(peek_cost)
+    self.distractor = distractor
+    self.max_turns = length + 2
+
+  def _cue(self, t: int) -> str:
+    """What turn t (1 <= t <= length + 1) asks for."""
+    if t <= self.length:
+      return f"say {self.tokens[t - 1]}" if self.distractor == "echo" else "wait"
+    return "answer?"
+
+  def _reset(self, seed: int) -> Reset:
+    self.code = self.rng.choice(self.codes)
+    self.tokens = [self.rng.choice(ECHO_SYMBOLS) for _ in range(self.length)]
+    self.peeked = False
+    prompt = f"memory: peek (-{self.peek_cost:g}) shows a code; answer it at the end."
+    return Reset(prompt, "peek or skip?")
+
+  def _step(self, action: str) -> Step:
+    a = action.strip()
+    t = self.turn  # turns done before this one
+    if t == 0:
+      invalid = a not in ("peek", "skip")
+      self.peeked = a == "peek"
+      reveal = f"code {self.code}" if self.peeked else "no code"
+      reward = -self.peek_cost if self.peeked else 0.0
+      return Step(f"{reveal} {self._cue(1)}", reward, False, False, {"invalid_action": invalid})
+    if t <= self.length:
+      invalid = self.distractor == "echo" and a != self.tokens[t - 1]
+      return Step(self._cue(t + 1), 0.0, False, False, {"invalid_action": invalid})
+    correct = a == self.code
+    info = {"invalid_action": a not in self.codes, "success": correct}
+    return Step("right" if correct else "wrong", 1.0 if correct else 0.0, True, False, info)
+
+  def expert_action(self) -> str:
+    t = self.turn
+    if t == 0:
+      return "peek"
+    if t <= self.length:
+      return self.tokens[t - 1] if self.distractor == "echo" else "ok"
+    return self.code
+
+  def random_action(self, rng: random.Random) -> str:
+    t = self.turn
+    if t == 0:
+      return rng.choice(("peek", "skip"))
+    if t <= self.length:
+      if self.distractor == "wait":
+        return "ok"
+      return rng.choice((self.tokens[t - 1], rng.choice(ECHO_SYMBOLS)))
+    return rng.choice(self.codes)
