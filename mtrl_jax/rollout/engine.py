@@ -1,0 +1,228 @@
+"""The synchronous rollout engine: B tasks x G sessions, played in lockstep.
+
+Each turn, every live session is one row of the sampler's batch: the engine
+appends the rows' new observations to their KV caches (ragged, one call),
+decodes all live rows' actions in one `Sampler.generate` call, then steps the
+environments on host threads. A session leaves the batch when its env ends the
+episode, when the engine's turn limit is reached, when its next observation
+plus one turn's token budget would not fit in the cache (`context_cap`), or
+when its env raises (`env_error`; the rest of the batch carries on).
+
+Determinism: given the same task seeds, rng, weights and sampling params, the
+sessions are identical. The rng is split once per turn; rows draw different
+samples because they are different rows of one batched draw.
+"""
+from __future__ import annotations
+
+import concurrent.futures
+import time
+from typing import TYPE_CHECKING, Any, Callable, NamedTuple, Sequence
+
+import jax
+import numpy as np
+
+from mtrl_jax.rollout.ledger import TokenLedger
+from mtrl_jax.rollout.session import Session, make_turn
+
+if TYPE_CHECKING:
+  from mtrl_jax.sampling.sampler import SamplingParams
+
+
+class RolloutTiming(NamedTuple):
+  """Wall-clock seconds of one `run`, by phase."""
+  generate_s: float   # Sampler.generate calls
+  prefill_s: float    # Sampler.append calls (observations into the caches)
+  env_s: float        # env reset + step, on the thread pool
+  total_s: float
+
+
+class RolloutResult(NamedTuple):
+  sessions: list[Session]   # task-major: sessions[i * G + g] is sample g of tasks[i]
+  ledger: TokenLedger
+  timing: RolloutTiming
+
+
+def _call(fn: Callable, *args) -> tuple[Any, BaseException | None]:
+  """Runs fn in a worker thread, returning its exception instead of raising it."""
+  try:
+    return fn(*args), None
+  except Exception as e:  # any env failure is that session's problem only
+    return None, e
+
+
+class RolloutEngine:
+  """Plays groups of sessions against the current policy weights of `sampler`.
+
+  Args:
+    sampler: a `mtrl_jax.sampling.sampler.Sampler` (its `version` stamps the
+      generated tokens; weights may change between `run` calls).
+    tokenizer: turns observations into prefill ids and actions into text.
+    env_factory: builds one fresh, un-reset env per session.
+    group_size: G sessions per task (same seed, different samples).
+    max_turns: engine-side turn limit (None: the env's own `max_turns` only).
+    turn_token_budget: the most tokens one action may take.
+    context_cap: KV-cache capacity per session, in tokens.
+    sampling: temperature / top-k / top-p / greedy (None: the sampler's
+      defaults, `SamplingParams()`).
+    num_env_threads: host threads stepping environments.
+    env_name: recorded on sessions (default: the env's registry name).
+  """
+
+  def __init__(self, sampler, tokenizer, env_factory: Callable[[], Any], *, group_size: int = 1,
+               max_turns: int | None = None, turn_token_budget: int = 64, context_cap: int = 2048,
+               sampling: SamplingParams | None = None, num_env_threads: int = 8,
+               env_name: str | None = None):
+    if group_size < 1:
+      raise ValueError(f"group_size must be >= 1, got {group_size}")
+    if max_turns is not None and max_turns < 1:
+      raise ValueError(f"max_turns must be >= 1 or None, got {max_turns}")
+    if turn_token_budget < 1:
+      raise ValueError(f"turn_token_budget must be >= 1, got {turn_token_budget}")
+    if context_cap <= turn_token_budget:
+      raise ValueError(f"context_cap ({context_cap}) must exceed turn_token_budget ({turn_token_budget})")
+    if num_env_threads < 1:
+      raise ValueError(f"num_env_threads must be >= 1, got {num_env_threads}")
+    if sampling is None:
+      # Imported here so the engine loads (e.g. with a test double) without the jitted sampler.
+      from mtrl_jax.sampling.sampler import SamplingParams
+      sampling = SamplingParams()
+    self.sampler, self.tokenizer, self.env_factory = sampler, tokenizer, env_factory
+    self.group_size, self.max_turns = group_size, max_turns
+    self.turn_token_budget, self.context_cap = turn_token_budget, context_cap
+    self.sampling, self.num_env_threads, self.env_name = sampling, num_env_threads, env_name
+    stop = getattr(sampler, "stop_ids", None)
+    self.stop_ids = frozenset(int(i) for i in stop) if stop is not None else frozenset({tokenizer.eos_id})
+    # Ids stay unique across the runs of one engine (the learner mixes batches).
+    self.next_session_id = 0
+    self.next_group_id = 0
+
+  def run(self, tasks: Sequence[int], rng: jax.Array) -> RolloutResult:
+    """Plays len(tasks) x group_size sessions; tasks are env seeds."""
+    t_start = time.perf_counter()
+    g_size = self.group_size
+    n = len(tasks) * g_size
+    ledger = TokenLedger()
+    timing = {"generate": 0.0, "prefill": 0.0, "env": 0.0}
+    sessions = []
+    for i, seed in enumerate(tasks):
+      for _ in range(g_size):
+        sessions.append(Session(session_id=self.next_session_id, task_id=int(seed),
+                                group_id=self.next_group_id + i, seed=int(seed),
+                                env_name=self.env_name or ""))
+        self.next_session_id += 1
+    self.next_group_id += len(tasks)
+    if n == 0:
+      return RolloutResult(sessions, ledger, RolloutTiming(0.0, 0.0, 0.0, time.perf_counter() - t_start))
+
+    with concurrent.futures.ThreadPoolExecutor(self.num_env_threads) as pool:
+      envs = self._reset_all(pool, sessions, timing)
+      # pending[r]: (observation text, its ids) still to be prefilled for row r.
+      pending: dict[int, tuple[str, list[int]]] = {}
+      for r, (s, (env, out)) in enumerate(zip(sessions, envs)):
+        if out is None:
+          ledger.record_session(s)
+          continue
+        s.prompt = out.prompt
+        if not s.env_name:
+          s.env_name = getattr(env, "name", "") or type(env).__name__
+        pending[r] = (out.observation, list(self.tokenizer.observation_ids(out.observation, out.prompt)))
+
+      state = self.sampler.init_state(n, self.context_cap)
+      turn = 0
+      while pending:
+        lengths = np.asarray(self.sampler.lengths(state))
+        for r in sorted(pending):
+          if lengths[r] + len(pending[r][1]) + self.turn_token_budget > self.context_cap:
+            sessions[r].final_observation = pending.pop(r)[0]
+            sessions[r].finish("context_cap")
+            ledger.record_session(sessions[r])
+        if not pending:
+          break
+        rows = sorted(pending)
+        new_tokens = [pending[r][1] if r in pending else [] for r in range(n)]
+
+        t0 = time.perf_counter()
+        state = jax.block_until_ready(self.sampler.append(state, new_tokens))
+        timing["prefill"] += time.perf_counter() - t0
+        ledger.record_prefill(turn, sum(len(pending[r][1]) for r in rows))
+
+        active = np.zeros(n, bool)
+        active[rows] = True
+        rng, key = jax.random.split(rng)
+        version = int(self.sampler.version)
+        t0 = time.perf_counter()
+        out, state = self.sampler.generate(state, key, self.turn_token_budget, active=active,
+                                           params=self.sampling)
+        timing["generate"] += time.perf_counter() - t0
+
+        actions = {}
+        for r in rows:
+          ids = [int(x) for x in np.asarray(out.tokens[r]).reshape(-1)]
+          stopped = bool(ids) and ids[-1] in self.stop_ids
+          actions[r] = (ids, self.tokenizer.decode(ids[:-1] if stopped else ids))
+          ledger.record_generated(turn, len(ids))
+
+        t0 = time.perf_counter()
+        steps = dict(zip(rows, pool.map(lambda r: _call(envs[r][0].step, actions[r][1]), rows)))
+        timing["env"] += time.perf_counter() - t0
+
+        next_pending = {}
+        for r in rows:
+          nxt = self._record_turn(sessions[r], pending[r], actions[r], out.logps[r], version,
+                                  bool(out.hit_budget[r]), bool(out.ended_by_capacity[r]), *steps[r])
+          if nxt is not None:
+            next_pending[r] = nxt
+          else:
+            ledger.record_session(sessions[r])
+        pending = next_pending
+        turn += 1
+
+    timing_rec = RolloutTiming(timing["generate"], timing["prefill"], timing["env"],
+                               time.perf_counter() - t_start)
+    return RolloutResult(sessions, ledger, timing_rec)
+
+  def _record_turn(self, s: Session, observation: tuple[str, list[int]], action: tuple[list[int], str],
+                   logp, version: int, hit_budget: bool, full: bool, step, err):
+    """Appends the turn to `s`; returns the next observation to prefill, or None if `s` ended."""
+    (obs_text, obs_ids), (ids, text) = observation, action
+    if err is not None:
+      s.turns.append(make_turn(obs_text, obs_ids, text, ids, logp, version, 0.0, cut_at_budget=hit_budget,
+                               env_error=True, info={"error": repr(err)}))
+      s.finish("env_error", error=repr(err))
+      return None
+    info = dict(step.info)
+    s.turns.append(make_turn(obs_text, obs_ids, text, ids, logp, version, step.reward,
+                             cut_at_budget=hit_budget, invalid_action=bool(info.get("invalid_action", False)),
+                             info=info))
+    success = bool(info.get("success", False))
+    if step.terminated or step.truncated:
+      s.final_observation = step.observation
+      s.finish("terminated" if step.terminated else "truncated", success=success)
+    elif self.max_turns is not None and s.num_turns >= self.max_turns:
+      s.final_observation = step.observation
+      s.finish("truncated", success=success)
+    elif full:  # unreachable while the pre-append budget check holds; kept for safety
+      s.final_observation = step.observation
+      s.finish("context_cap")
+    else:
+      return step.observation, list(self.tokenizer.observation_ids(step.observation))
+    return None
+
+  def _reset_all(self, pool, sessions: list[Session], timing: dict) -> list[tuple[Any, Any]]:
+    """Builds and resets one env per session; a failure ends that session as env_error."""
+
+    def build_and_reset(s: Session):
+      env = self.env_factory()
+      return env, env.reset(s.seed)
+
+    t0 = time.perf_counter()
+    results = list(pool.map(lambda s: _call(build_and_reset, s), sessions))
+    timing["env"] += time.perf_counter() - t0
+    envs = []
+    for s, (res, err) in zip(sessions, results):
+      if err is not None:
+        s.finish("env_error", error=repr(err))
+        envs.append((None, None))
+      else:
+        envs.append(res)
+    return envs
