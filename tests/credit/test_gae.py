@@ -1,0 +1,216 @@
+"""Critic estimators: gae, turn_gae, bilevel_gae, decoupled / adaptive lambda."""
+import jax.numpy as jnp
+import numpy as np
+import rlax
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import functools
+
+import jax
+
+from credit_fixtures import random_sessions, run, run_traced, seeds, split_per_turn, to_batch
+from mtrl_jax.credit import adaptive_lambda, compute_advantages, make_credit_batch
+
+# One session, 5 tokens: [a, a | obs | a] plus a leading observation token.
+#   position  0    1    2    3    4
+#   mask      0    1    1    0    1
+#   turn      0    0    0    1    1
+#   reward    0    0    1    0    2     (turn 0 pays 1, turn 1 pays 2)
+#   value     9   .5    1    9  1.5     (9 on observation tokens: must be skipped)
+_MASK = np.array([[0, 1, 1, 0, 1]], np.float32)
+_TURN = np.array([[0, 0, 0, 1, 1]], np.int32)
+_REW = np.array([[0, 0, 1, 0, 2]], np.float32)
+_VAL = np.array([[9, 0.5, 1.0, 9, 1.5]], np.float32)
+
+
+def _session():
+  return make_credit_batch(_REW, _MASK, _TURN, value_bt=_VAL)
+
+
+def _per_turn():
+  # The same session as two rows (history context: turn 0's actions masked
+  # in the turn-1 row), listed in reverse order on purpose.
+  mask = np.array([[0, 0, 0, 0, 1], [0, 1, 1, 0, 0]], np.float32)
+  return make_credit_batch(np.repeat(_REW, 2, 0), mask, np.repeat(_TURN, 2, 0),
+                           episode_id_b=np.array([4, 4]), value_bt=np.repeat(_VAL, 2, 0))
+
+
+def test_gae_hand_example_both_layouts():
+  # gamma .9, lambda .5 (gamma*lambda = .45); action tokens 1 -> 2 -> 4.
+  # d4 = 2 - 1.5 = .5                      A4 = .5
+  # d2 = 1 + .9*1.5 - 1 = 1.35              A2 = 1.35 + .45*.5 = 1.575
+  # d1 = 0 + .9*1 - .5 = .4                 A1 = .4 + .45*1.575 = 1.10875
+  # Targets, lambda_critic 1: A4 = .5, A2 = 1.35 + .9*.5 = 1.8,
+  #   A1 = .4 + .9*1.8 = 2.02 -> V + A = 2.0, 2.8, 2.52 (= discounted returns).
+  adv, tgt = run("gae", _session(), gamma=0.9, lambda_policy=0.5)
+  np.testing.assert_allclose(adv, [[0, 1.10875, 1.575, 0, 0.5]], rtol=1e-6)
+  np.testing.assert_allclose(tgt, [[0, 2.52, 2.8, 0, 2.0]], rtol=1e-6)
+  adv2, tgt2 = run("gae", _per_turn(), gamma=0.9, lambda_policy=0.5)
+  np.testing.assert_allclose(adv2, [[0, 0, 0, 0, 0.5], [0, 1.10875, 1.575, 0, 0]], rtol=1e-6)
+  np.testing.assert_allclose(tgt2, [[0, 0, 0, 0, 2.0], [0, 2.52, 2.8, 0, 0]], rtol=1e-6)
+
+
+def test_turn_gae_hand_example():
+  # Turn values at first action tokens: V0 = .5 (pos 1), V1 = 1.5 (pos 4).
+  # d1 = 2 - 1.5 = .5, A1 = .5; d0 = 1 + .9*1.5 - .5 = 1.85,
+  # A0 = 1.85 + .45*.5 = 2.075. Targets (lambda 1): A1 = .5 -> 2.0;
+  # A0 = 1.85 + .9*.5 = 2.3 -> 2.3 + .5 = 2.8.
+  adv, tgt = run("turn_gae", _session(), gamma=0.9, lambda_policy=0.5)
+  np.testing.assert_allclose(adv, [[0, 2.075, 2.075, 0, 0.5]], rtol=1e-6)
+  np.testing.assert_allclose(tgt, [[0, 2.8, 2.8, 0, 2.0]], rtol=1e-6)
+  adv2, _ = run("turn_gae", _per_turn(), gamma=0.9, lambda_policy=0.5)
+  np.testing.assert_allclose(adv2, [[0, 0, 0, 0, 0.5], [0, 2.075, 2.075, 0, 0]], rtol=1e-6)
+
+
+def test_bilevel_gae_hand_example():
+  # High level (gamma_turn .9, lambda .5), V at each turn's last action token:
+  #   V0 = 1 (pos 2), V1 = 1.5 (pos 4).
+  #   d1 = 2 - 1.5 = .5, A1 = .5, G1 = 2.0
+  #   d0 = 1 + .9*1.5 - 1 = 1.35, A0 = 1.35 + .45*.5 = 1.575, G0 = 2.575
+  # Low level (gamma 1, lambda .5) inside each turn:
+  #   pos 4: G1 - V = 2 - 1.5 = .5;  pos 2: G0 - V = 1.575
+  #   pos 1: d = 0 + 1*1 - .5 = .5, A = .5 + .5*1.575 = 1.2875
+  # Targets (lambda 1 on both levels): high A0 = 1.35 + .9*.5 = 1.8 -> G0 = 2.8,
+  #   G1 = 2.0; low level with lambda 1 telescopes to G on every turn token.
+  adv, tgt = run("bilevel_gae", _session(), gamma=1.0, gamma_turn=0.9,
+                                lambda_policy=0.5)
+  np.testing.assert_allclose(adv, [[0, 1.2875, 1.575, 0, 0.5]], rtol=1e-6)
+  np.testing.assert_allclose(tgt, [[0, 2.8, 2.8, 0, 2.0]], rtol=1e-6)
+  adv2, _ = run("bilevel_gae", _per_turn(), gamma=1.0, gamma_turn=0.9,
+                               lambda_policy=0.5)
+  np.testing.assert_allclose(adv2, [[0, 0, 0, 0, 0.5], [0, 1.2875, 1.575, 0, 0]], rtol=1e-6)
+
+
+def test_length_adaptive_lambda_hand_values():
+  # alpha .05: l=1000 -> 1 - 1/50 = .98; l=100 -> .8; l=20 -> 0; l=10 -> -1 -> 0; l=0 -> 0.
+  got = adaptive_lambda(jnp.array([1000, 100, 20, 10, 0]), 0.05)
+  np.testing.assert_allclose(got, [0.98, 0.8, 0.0, 0.0, 0.0], atol=1e-6)
+
+
+@settings(max_examples=40, deadline=None)
+@given(length=st.integers(0, 5000), alpha=st.sampled_from([0.01, 0.05, 0.1, 0.5, 2.0]))
+def test_length_adaptive_lambda_formula(length, alpha):
+  expect = 0.0 if length == 0 else min(max(1.0 - 1.0 / (alpha * length), 0.0), 1.0)
+  np.testing.assert_allclose(adaptive_lambda(length, alpha), expect, atol=1e-6)
+
+
+@functools.lru_cache(maxsize=None)
+def _lambda_fn(name, **static):
+  """jit(batch, lam) -> advantages with lambda_policy traced (one compile)."""
+  return jax.jit(lambda b, lam: compute_advantages(name, b, lambda_policy=lam, **static)[0])
+
+
+@settings(max_examples=25, deadline=None)
+@given(seed=seeds, alpha=st.sampled_from([0.05, 0.2, 1.0]))
+def test_length_adaptive_gae_uses_lambda_of_the_episode_length(seed, alpha):
+  # One session per batch: the adaptive run must equal a fixed-lambda run
+  # with lambda = 1 - 1/(alpha * number of action tokens), clamped.
+  d = random_sessions(seed, b=1, t=12)
+  n = d["loss_mask_bt"].sum()
+  lam = float(np.clip(1 - 1 / (alpha * n), 0, 1))
+  batch = to_batch(d)
+  a1, _ = run("gae", batch, length_adaptive=True, alpha=alpha)
+  a2 = _lambda_fn("gae")(batch, lam)
+  np.testing.assert_allclose(a1, a2, rtol=1e-5, atol=1e-6)
+  # turn_gae: l = number of turns.
+  turns = len(set(d["turn_idx_bt"][0][d["loss_mask_bt"][0] > 0].tolist()))
+  lam_t = float(np.clip(1 - 1 / (alpha * turns), 0, 1))
+  a3, _ = run("turn_gae", batch, length_adaptive=True, alpha=alpha)
+  a4 = _lambda_fn("turn_gae")(batch, lam_t)
+  np.testing.assert_allclose(a3, a4, rtol=1e-5, atol=1e-6)
+
+
+@jax.jit
+def _gae_and_rlax(batch, gamma, lam):
+  adv, tgt = compute_advantages("gae", batch, gamma=gamma, lambda_policy=lam,
+                                lambda_critic=lam)
+  t = batch.reward_bt.shape[1]
+  # The episode ends after the last token. rlax's output at an action token
+  # depends only on later positions, so its (meaningless) outputs on the
+  # prompt tokens are simply not compared.
+  discount = jnp.where(jnp.arange(t) == t - 1, 0.0, gamma)
+  values = jnp.concatenate([batch.value_bt[0], jnp.zeros(1)])
+  ref = rlax.truncated_generalized_advantage_estimation(
+      batch.reward_bt[0], discount, lam, values)
+  return adv[0], tgt[0], ref
+
+
+@settings(max_examples=30, deadline=None)
+@given(n_prompt=st.integers(0, 11), gamma=st.floats(0.5, 1.0), lam=st.floats(0.0, 1.0),
+       seed=seeds)
+def test_gae_matches_rlax_on_single_turn_data(n_prompt, gamma, lam, seed):
+  # One turn: n_prompt masked prompt tokens (0 = all action tokens), then
+  # 16 - n_prompt action tokens, reward on the last one.
+  t = 16
+  rng = np.random.default_rng(seed)
+  reward = np.zeros((1, t), np.float32)
+  reward[0, -1] = rng.normal()
+  value = rng.normal(size=(1, t)).astype(np.float32)
+  mask = (np.arange(t) >= n_prompt).astype(np.float32)[None]
+  batch = make_credit_batch(reward, mask, value_bt=value)
+  adv, tgt, ref = _gae_and_rlax(batch, gamma, lam)
+  act = slice(n_prompt, t)
+  np.testing.assert_allclose(adv[act], ref[act], rtol=1e-5, atol=1e-5)
+  np.testing.assert_allclose(tgt[act], ref[act] + value[0, act], rtol=1e-5, atol=1e-5)
+  assert np.all(np.asarray(adv[:n_prompt]) == 0.0)
+
+
+def _discounted_returns_over_action_tokens(d, gamma):
+  out = np.zeros_like(d["reward_bt"])
+  for i in range(out.shape[0]):
+    g = 0.0
+    for t in reversed(range(out.shape[1])):
+      if d["loss_mask_bt"][i, t] > 0:
+        g = d["reward_bt"][i, t] + gamma * g
+        out[i, t] = g
+  return out
+
+
+@settings(max_examples=30, deadline=None)
+@given(seed=seeds, gamma=st.sampled_from([1.0, 0.9, 0.5]))
+def test_gae_with_lambda_one_and_zero_values_is_discounted_return(seed, gamma):
+  d = random_sessions(seed)
+  d["value_bt"] = np.zeros_like(d["value_bt"])
+  hp = {"gamma": gamma, "lambda_policy": 1.0}
+  adv, tgt = run_traced("gae", to_batch(d), hp)
+  expect = _discounted_returns_over_action_tokens(d, gamma)
+  np.testing.assert_allclose(adv, expect, rtol=1e-5, atol=1e-5)
+  np.testing.assert_allclose(tgt, expect, rtol=1e-5, atol=1e-5)
+  # Turn level: lambda 1, V 0 -> the raw per-turn return-to-go.
+  adv_t, _ = run_traced("turn_gae", to_batch(d), hp)
+  rtg, _ = run_traced("return_to_go", to_batch(d), {"gamma": gamma}, norm="none")
+  np.testing.assert_allclose(adv_t, rtg, rtol=1e-5, atol=1e-5)
+
+
+@settings(max_examples=20, deadline=None)
+@given(seed=seeds)
+def test_decoupled_lambdas(seed):
+  # Targets follow lambda_critic alone; advantages follow lambda_policy alone.
+  batch = to_batch(random_sessions(seed))
+  for name in ("gae", "turn_gae", "bilevel_gae"):
+    a_mix, t_mix = run_traced(name, batch, {"lambda_policy": 0.7, "lambda_critic": 1.0})
+    a_p, _ = run_traced(name, batch, {"lambda_policy": 0.7, "lambda_critic": 0.7})
+    _, t_c = run_traced(name, batch, {"lambda_policy": 1.0, "lambda_critic": 1.0})
+    np.testing.assert_allclose(a_mix, a_p, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(t_mix, t_c, rtol=1e-5, atol=1e-6)
+
+
+@settings(max_examples=20, deadline=None)
+@given(seed=seeds)
+def test_critic_estimators_agree_across_layouts(seed):
+  d = random_sessions(seed)
+  per_turn, origin = split_per_turn(d, seed, pad_rows_to=72)
+  for name in ("gae", "turn_gae", "bilevel_gae", "return_to_go"):
+    a_s, t_s = run_traced(name, to_batch(d), {"gamma": 0.9})
+    a_p, t_p = run_traced(name, to_batch(per_turn), {"gamma": 0.9})
+    a_s, a_p = np.asarray(a_s), np.asarray(a_p)
+    for j, o in enumerate(origin):
+      if o is None:
+        assert np.all(a_p[j] == 0.0)
+        continue
+      m = per_turn["loss_mask_bt"][j] > 0
+      np.testing.assert_allclose(a_p[j][m], a_s[o[0]][m], rtol=1e-4, atol=1e-5)
+      if t_s is not None:
+        np.testing.assert_allclose(np.asarray(t_p)[j][m], np.asarray(t_s)[o[0]][m],
+                                   rtol=1e-4, atol=1e-5)
