@@ -1,0 +1,157 @@
+"""A grid of `configs/<family>.py:ARGS` runs, one workdir each, resumable.
+
+  python experiments/sweep.py --config configs/grpo.py \\
+      --grid 'estimator=grpo,rloo;horizon=3,6;seed=0,1' --root /tmp/sweep [--dry_run] [--parallel N]
+
+`;` separates keys, `,` separates a key's values; the product of all values
+gives one run per point, named `k=v,k=v` after the grid (`ROOT/estimator=grpo,
+horizon=3,seed=0`). Fixed args ride on the config (`configs/grpo.py:env=keydoor`)
+and any `--config.FIELD=VALUE` flag is passed to every run:
+
+  python experiments/sweep.py --config configs/grpo.py:runlocal=true --grid 'seed=0,1,2' \\
+      --root /tmp/s --config.rl.steps=5
+
+A run whose metrics.jsonl already has a final line (stage `eval`) is skipped,
+so relaunching the same command after a preemption finishes the grid; each
+unfinished run resumes from its own checkpoint. Each run's stdout and stderr
+are appended to ROOT/<name>/log.txt. Then: `python experiments/summarize.py --root ROOT`.
+"""
+from __future__ import annotations
+
+import argparse
+import concurrent.futures as cf
+import itertools
+import json
+import os
+import shlex
+import subprocess
+import sys
+import time
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def parse_grid(grid: str) -> list[tuple[str, list[str]]]:
+  """'a=1,2;b=x' -> [('a', ['1', '2']), ('b', ['x'])], in the order written."""
+  out, seen = [], set()
+  for part in grid.split(";"):
+    part = part.strip()
+    if not part:
+      continue
+    if "=" not in part:
+      raise ValueError(f"grid part {part!r} is not key=v1,v2,...")
+    key, values = part.split("=", 1)
+    key = key.strip()
+    vals = [v.strip() for v in values.split(",")]
+    if not key or key in seen:
+      raise ValueError(f"grid key {key!r} is empty or repeated")
+    if not all(vals) or any("/" in v or ":" in v for v in vals):
+      raise ValueError(f"grid values of {key!r} must be non-empty and free of '/' and ':': {values!r}")
+    seen.add(key)
+    out.append((key, vals))
+  if not out:
+    raise ValueError("empty grid")
+  return out
+
+
+def expand(config: str, grid: str) -> list[tuple[str, str]]:
+  """(run name, full `--config` value) for each point of the grid."""
+  path, _, fixed = config.partition(":")
+  keys = parse_grid(grid)
+  fixed_keys = {p.split("=", 1)[0] for p in fixed.split(",") if p}
+  if clash := fixed_keys & {k for k, _ in keys}:
+    raise ValueError(f"{sorted(clash)} set both in --config and in --grid")
+  runs = []
+  for values in itertools.product(*(v for _, v in keys)):
+    name = ",".join(f"{k}={v}" for (k, _), v in zip(keys, values))
+    runs.append((name, f"{path}:{','.join(p for p in (fixed, name) if p)}"))
+  return runs
+
+
+def is_done(workdir: str) -> bool:
+  """True when metrics.jsonl holds a line of the final `eval` stage."""
+  path = os.path.join(workdir, "metrics.jsonl")
+  if not os.path.exists(path):
+    return False
+  with open(path) as f:
+    for line in f:
+      try:
+        if json.loads(line).get("stage") == "eval":
+          return True
+      except json.JSONDecodeError:  # a half-written line from a killed run
+        continue
+  return False
+
+
+def command(python: str, config: str, workdir: str, overrides: list[str]) -> list[str]:
+  return [python, "-m", "mtrl_jax.main", f"--config={config}", f"--workdir={workdir}", *overrides]
+
+
+def run_one(name: str, cmd: list[str], workdir: str) -> tuple[str, int, float]:
+  os.makedirs(workdir, exist_ok=True)
+  t0 = time.time()
+  with open(os.path.join(workdir, "log.txt"), "a") as log:
+    log.write(f"\n=== {time.strftime('%Y-%m-%d %H:%M:%S')} {shlex.join(cmd)}\n")
+    log.flush()
+    rc = subprocess.call(cmd, cwd=REPO, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+  return name, rc, time.time() - t0
+
+
+def main(argv=None) -> int:
+  p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog=__doc__.split("\n\n", 1)[1],
+                              formatter_class=argparse.RawDescriptionHelpFormatter)
+  p.add_argument("--config", required=True, help="configs/<family>.py[:fixed args], relative to the repo")
+  p.add_argument("--grid", required=True, help="'key=v1,v2;key2=w1,w2' (product of all)")
+  p.add_argument("--root", required=True, help="one workdir per run goes under here")
+  p.add_argument("--dry_run", action="store_true", help="print the commands, run nothing")
+  p.add_argument("--parallel", type=int, default=1,
+                 help="runs at once (default 1; keep 1 on a TPU host, where one process owns the chips)")
+  p.add_argument("--python", default=sys.executable, help="interpreter for the runs")
+  a, rest = p.parse_known_args(argv)
+  if bad := [r for r in rest if not r.startswith("--config.")]:
+    p.error(f"unrecognized arguments: {' '.join(bad)} (only --config.FIELD=VALUE is passed on to runs)")
+  if a.parallel < 1:
+    p.error("--parallel must be >= 1")
+  a.root = os.path.abspath(a.root)  # runs start in the repo root, not here
+  path, sep, fixed = a.config.partition(":")
+  if not os.path.exists(os.path.join(REPO, path)) and os.path.exists(path):
+    a.config = os.path.abspath(path) + sep + fixed
+  try:
+    runs = expand(a.config, a.grid)
+  except ValueError as e:
+    p.error(str(e))
+
+  todo = []
+  for name, config in runs:
+    workdir = os.path.join(a.root, name)
+    cmd = command(a.python, config, workdir, rest)
+    if is_done(workdir):
+      print(f"# skip (final eval present): {name}")
+    elif a.dry_run:
+      print(shlex.join(cmd))
+    else:
+      todo.append((name, cmd, workdir))
+  if a.dry_run:
+    print(f"# {len(runs)} runs; cwd {REPO}")
+    return 0
+
+  print(f"sweep: {len(todo)} to run, {len(runs) - len(todo)} done, parallel={a.parallel}, root={a.root}",
+        flush=True)
+  failed = []
+  with cf.ThreadPoolExecutor(a.parallel) as pool:
+    futures = [pool.submit(run_one, *t) for t in todo]
+    for fut in cf.as_completed(futures):
+      name, rc, secs = fut.result()
+      status = "ok" if rc == 0 else f"FAILED rc={rc}"
+      print(f"[{secs:7.1f}s] {status}: {name}  (log: {os.path.join(a.root, name, 'log.txt')})", flush=True)
+      if rc != 0:
+        failed.append(name)
+  if failed:
+    print(f"sweep: {len(failed)} failed: {', '.join(sorted(failed))}; relaunch to retry them", file=sys.stderr)
+    return 1
+  print(f"sweep: done; python experiments/summarize.py --root {a.root}")
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())
