@@ -1,0 +1,65 @@
+"""One process of a two-process CPU run, and the pieces the test shares with it.
+
+Run as a script it joins the run described by the MTRL_* environment, trains
+the tiny LM a few steps on a global batch of which it feeds only its own rows,
+and prints one line `RESULT {json}`.
+"""
+from __future__ import annotations
+
+import json
+import sys
+
+import numpy as np
+
+GLOBAL_BATCH, SEQ, STEPS, MESH_SHAPE = 8, 12, 3, (2, 2, 2)
+
+
+def tiny_config():
+  from mtrl_jax.models.config import ModelConfig
+  return ModelConfig(vocab_size=264, dim=32, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=8, mlp_dim=64)
+
+
+def global_batch(seed: int = 0):
+  from mtrl_jax.train.lm_step import LMBatch
+  rng = np.random.default_rng(seed)
+  tokens = rng.integers(8, 264, (GLOBAL_BATCH, SEQ)).astype(np.int32)
+  mask = (rng.random((GLOBAL_BATCH, SEQ)) < 0.7).astype(np.float32)
+  return LMBatch(tokens, mask)
+
+
+def train_losses(mesh):
+  """Losses of STEPS Adam steps on this process's rows of the global batch."""
+  import optax
+  from flax import nnx
+
+  from mtrl_jax.models.transformer import Transformer
+  from mtrl_jax.parallel import fetch_replicated, get_rules, process_batch_rows
+  from mtrl_jax.train.lm_step import LMBatch, build_lm_trainer
+
+  cfg, rules = tiny_config(), get_rules("default")
+  trainer = build_lm_trainer(lambda: Transformer(cfg, rngs=nnx.Rngs(0)), optax.adam(1e-2), mesh, rules)
+  rows = process_batch_rows(GLOBAL_BATCH, mesh, rules)
+  local = LMBatch(*(x[rows] for x in global_batch()))
+  losses = [float(fetch_replicated(trainer.train_step(local))["loss"]) for _ in range(STEPS)]
+  return losses, rows
+
+
+def main() -> int:
+  import jax
+
+  from mtrl_jax.parallel import initialize_from_config, make_mesh
+
+  info = initialize_from_config(None)  # everything comes from the MTRL_* environment
+  mesh = make_mesh(MESH_SHAPE)
+  data_hosts = [sorted({d.process_index for d in mesh.devices[i].flat}) for i in range(mesh.shape["data"])]
+  losses, rows = train_losses(mesh)
+  print("RESULT " + json.dumps(dict(process_id=info.process_id, num_processes=info.num_processes,
+                                    global_devices=info.global_devices, local_devices=info.local_devices,
+                                    data_hosts=data_hosts, rows=[rows.start, rows.stop], losses=losses)),
+        flush=True)
+  jax.distributed.shutdown()
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())
