@@ -146,6 +146,14 @@ class Env(abc.ABC):
   def random_action(self, rng: random.Random) -> str:
     """A uniform draw over a sensible action set (bad actions included)."""
 
+  def suboptimal_action(self, rng: random.Random) -> str:
+    """What a flawed expert does when it errs (the demos' quality knob).
+
+    Defaults to a random action; an env whose interesting mistake is a
+    specific one (memory: not paying to peek) overrides it.
+    """
+    return self.random_action(rng)
+
 
 def replay(env: Env, seed: int, actions: Sequence[str]) -> Env:
   """Function form of `Env.replay`."""
@@ -155,13 +163,14 @@ def replay(env: Env, seed: int, actions: Sequence[str]) -> Env:
 def policy_action(env: Env, policy: str, rng: random.Random, quality: float = 1.0) -> str:
   """One action of a named scripted policy.
 
-  policy: 'expert' (with probability 1 - quality it takes a random action
-  instead: the knob for suboptimal demonstrations) or 'random'.
+  policy: 'expert' (with probability 1 - quality it takes the env's
+  `suboptimal_action` instead, by default a random one: the knob for
+  low-quality demonstrations) or 'random'.
   """
   if policy == "random":
     return env.random_action(rng)
   if policy == "expert":
     if quality < 1.0 and rng.random() >= quality:
-      return env.random_action(rng)
+      return env.suboptimal_action(rng)
     return env.expert_action()
   raise ValueError(f"unknown policy {policy!r}; valid: 'expert', 'random'")

@@ -31,13 +31,17 @@ class Memory(Env):
   """Peek-or-skip, `length` distractor turns, then recall the code."""
 
   def __init__(self, length: int = 3, num_codes: int = 10, peek_cost: float = 0.05,
-               distractor: str = "echo"):
+               distractor: str = "echo", hint: bool = False):
     """
     Args:
       length: distractor turns between the choice and the question (>= 0).
       num_codes: size of the code alphabet (2..36: digits then capitals).
       peek_cost: reward paid (as -peek_cost) for peeking.
       distractor: 'echo' (repeat the shown letter) or 'wait' (any action is fine).
+      hint: if the agent peeked, the final question repeats the code. The
+        turn-0 choice still decides the outcome `length + 1` turns later (the
+        credit question), but recall over the distractors is not needed: for
+        models too small to learn long-range copying in minutes.
     """
     if length < 0:
       raise ValueError(f"memory: length must be >= 0, got {length}")
@@ -49,19 +53,22 @@ class Memory(Env):
     self.codes = CODE_SYMBOLS[:num_codes]
     self.peek_cost = float(peek_cost)
     self.distractor = distractor
+    self.hint = bool(hint)
     self.max_turns = length + 2
 
   def _cue(self, t: int) -> str:
     """What turn t (1 <= t <= length + 1) asks for."""
     if t <= self.length:
       return f"say {self.tokens[t - 1]}" if self.distractor == "echo" else "wait"
-    return "answer?"
+    return f"answer? {self.code}" if self.hint and self.peeked else "answer?"
 
   def _reset(self, seed: int) -> Reset:
     self.code = self.rng.choice(self.codes)
     self.tokens = [self.rng.choice(ECHO_SYMBOLS) for _ in range(self.length)]
     self.peeked = False
-    prompt = f"memory: peek (-{self.peek_cost:g}) shows a code; answer it at the end."
+    # No digits in the prompt: the code is then the only digit (for
+    # num_codes <= 10) a tiny byte-level model has to find and copy.
+    prompt = "memory: peek shows a code; answer it at the end."
     return Reset(prompt, "peek or skip?")
 
   def _step(self, action: str) -> Step:
@@ -86,7 +93,17 @@ class Memory(Env):
       return "peek"
     if t <= self.length:
       return self.tokens[t - 1] if self.distractor == "echo" else "ok"
-    return self.code
+    # Without the peek the code is unknown: the expert (after a suboptimal
+    # skip) guesses, deterministically per episode.
+    return self.code if self.peeked else self.codes[self.seed % len(self.codes)]
+
+  def suboptimal_action(self, rng: random.Random) -> str:
+    """The tempting mistake: save the peek cost at turn 0 (and then guess).
+
+    Later turns stay expert-like, so low-quality demos teach the format and
+    the recall, and leave the decisive choice for RL to fix.
+    """
+    return "skip" if self.turn == 0 else self.expert_action()
 
   def random_action(self, rng: random.Random) -> str:
     t = self.turn
