@@ -1,0 +1,1 @@
+"""Experiment configs: `get_config(arg)` per family; run from the repository root."""

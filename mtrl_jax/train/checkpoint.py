@@ -1,0 +1,67 @@
+"""Orbax checkpoints of everything a run needs to resume exactly.
+
+One manager per workdir. Each save holds the array state (policy, critic,
+reference, optimiser states, RNG key data) and a JSON record (stage, step,
+data position, the config), so a relaunch of the same command continues where
+the last save left off, on the same or a different mesh.
+"""
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import jax
+import orbax.checkpoint as ocp
+from absl import logging
+
+
+class Checkpointer:
+
+  def __init__(self, workdir: str, *, keep: int = 2, async_save: bool = True):
+    self.directory = os.path.abspath(os.path.join(workdir, "checkpoints"))
+    self.manager = ocp.CheckpointManager(
+        self.directory,
+        options=ocp.CheckpointManagerOptions(max_to_keep=keep, enable_async_checkpointing=async_save,
+                                             create=True))
+
+  def latest_step(self) -> int | None:
+    return self.manager.latest_step()
+
+  def save(self, step: int, state: Any, meta: dict, *, force: bool = True) -> None:
+    """Saves asynchronously; the previous save is finished first by orbax."""
+    self.manager.save(step, args=ocp.args.Composite(
+        state=ocp.args.StandardSave(state), meta=ocp.args.JsonSave(meta)), force=force)
+    logging.info("checkpoint %d queued (%s)", step, meta.get("stage"))
+
+  def restore_meta(self, step: int | None = None) -> dict | None:
+    step = self.latest_step() if step is None else step
+    if step is None:
+      return None
+    out = self.manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))
+    return dict(out.meta)
+
+  def restore(self, abstract_state: Any, step: int | None = None) -> tuple[Any, dict]:
+    """Restores onto the shardings named by `abstract_state`'s leaves.
+
+    `abstract_state` leaves are `jax.ShapeDtypeStruct(shape, dtype, sharding=...)`;
+    a different mesh than the one saved from reshards on the fly.
+    """
+    step = self.latest_step() if step is None else step
+    if step is None:
+      raise FileNotFoundError(f"no checkpoint in {self.directory}")
+    out = self.manager.restore(step, args=ocp.args.Composite(
+        state=ocp.args.StandardRestore(abstract_state), meta=ocp.args.JsonRestore()))
+    return out.state, dict(out.meta)
+
+  def wait(self) -> None:
+    self.manager.wait_until_finished()
+
+  def close(self) -> None:
+    self.manager.wait_until_finished()
+    self.manager.close()
+
+
+def abstract_like(tree: Any) -> Any:
+  """ShapeDtypeStructs (with shardings) matching a live pytree of arrays."""
+  return jax.tree.map(
+      lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=getattr(x, "sharding", None)), tree)

@@ -1,0 +1,27 @@
+"""Evaluation on held-out task seeds, greedy and sampled."""
+from __future__ import annotations
+
+import numpy as np
+
+from mtrl_jax.rollout.session import Session
+
+
+def session_stats(sessions: list[Session], prefix: str) -> dict:
+  n = max(len(sessions), 1)
+  ok = [s for s in sessions if not s.env_error]
+  return {
+      f"{prefix}success": sum(bool(s.success) for s in sessions) / n,
+      f"{prefix}return": float(np.mean([s.episode_return for s in ok])) if ok else 0.0,
+      f"{prefix}turns": float(np.mean([s.num_turns for s in sessions])) if sessions else 0.0,
+      f"{prefix}tokens_per_session": float(np.mean(
+          [s.num_action_tokens + s.num_obs_tokens for s in sessions])) if sessions else 0.0,
+      f"{prefix}env_errors": sum(bool(s.env_error) for s in sessions),
+  }
+
+
+def evaluate(engine_greedy, engine_sampled, seeds, rng) -> dict:
+  """`eval/success` (greedy) and `eval/sampled_success`, plus returns, turns, tokens."""
+  out = session_stats(engine_greedy.run(seeds, rng).sessions, "eval/")
+  if engine_sampled is not None:
+    out.update(session_stats(engine_sampled.run(seeds, rng).sessions, "eval/sampled_"))
+  return out

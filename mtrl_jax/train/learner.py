@@ -1,0 +1,249 @@
+"""The RL learner: finished sessions in, one policy (and critic) update out.
+
+The learner does not know where sessions come from: the synchronous engine
+and the async actor pool both hand it lists of finished `Session`s. One call
+to `update` packs them, scores them once (proximal and reference log-probs,
+critic values), computes advantages with the configured estimator, and runs
+`epochs x minibatches` donated steps of the jitted update.
+"""
+from __future__ import annotations
+
+import time
+from typing import Any, Optional, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from absl import logging
+from flax import nnx
+
+from mtrl_jax.credit import registry as credit_registry
+from mtrl_jax.credit.batch import CreditBatch
+from mtrl_jax.credit.losses import PolicyLossConfig
+from mtrl_jax.credit.regularizers import kl_reward_penalty
+from mtrl_jax.credit.shaping import informative_groups_np
+from mtrl_jax.parallel.batch import num_batch_shards, shard_batch
+from mtrl_jax.parallel.sharded_init import state_shardings
+from mtrl_jax.parallel.sharded_step import (init_opt_state, opt_state_shardings, replicated,
+                                            sharding_context)
+from mtrl_jax.rollout.packing import PackedBatch, pack_sessions
+from mtrl_jax.rollout.session import Session
+from mtrl_jax.train import optim
+from mtrl_jax.train.rl_step import LearnerState, RLBatch, StepFlags, make_rl_step, make_score_fn
+
+CRITIC_ESTIMATORS = ("gae", "turn_gae", "bilevel_gae")
+
+
+class NonFiniteError(RuntimeError):
+  pass
+
+
+class Learner:
+  """Holds the sharded learner state and the jitted functions that move it."""
+
+  def __init__(self, c, mesh, rules, *, policy_gd, policy_params, critic_gd=None, critic_params=None,
+               ref_params=None, total_updates: int, tokenizer=None):
+    self.c, self.mesh, self.rules, self.tokenizer = c, mesh, rules, tokenizer
+    rl = c.rl
+    self.policy_gd, self.critic_gd = policy_gd, critic_gd
+    self.head_critic = c.critic.kind == "head"
+    self.version = 0
+    self.nonfinite_in_a_row = 0
+    self.nonfinite_total = 0
+    self.loss_cfg = PolicyLossConfig(
+        eps_low=rl.eps_low, eps_high=rl.eps_high, dual_clip=rl.dual_clip or None,
+        agg=rl.aggregation, behav_cap=rl.is_cap if rl.decoupled else None,
+        kl_coef=rl.kl_coef if rl.kl_mode == "loss" else 0.0, kl_kind=rl.kl_type,
+        ent_coef=rl.entropy_coef,
+        entropy_top_rho=None if rl.entropy_mask_rho >= 1.0 else rl.entropy_mask_rho,
+        nll_coef=rl.nll_coef, max_turns=max(int(_max_turns(c)), 1))
+    self.estimator = credit_registry.make_advantage_fn(rl.estimator, **dict(rl.estimator_kwargs))
+    steps = max(total_updates * rl.epochs * rl.minibatches, 1)
+    self.tx_policy = optim.adamw(rl.lr, steps, warmup_steps=rl.warmup_steps,
+                                 weight_decay=rl.weight_decay, clip_grad=rl.clip_grad)
+    self.tx_critic = (optim.adamw(rl.critic_lr, steps, warmup_steps=rl.warmup_steps, clip_grad=rl.clip_grad)
+                      if critic_gd is not None else None)
+
+    # Shardings of every piece of state, from the parameters' logical names.
+    p_sh = state_shardings(policy_params, mesh, rules)
+    c_sh = state_shardings(critic_params, mesh, rules) if critic_params is not None else {}
+    op_sh = opt_state_shardings(self.tx_policy, policy_params, p_sh, mesh)
+    oc_sh = (opt_state_shardings(self.tx_critic, critic_params, c_sh, mesh)
+             if critic_params is not None else {})
+    self.state_sh = LearnerState(p_sh, op_sh, c_sh, oc_sh)
+    self.ref_sh = p_sh if ref_params is not None else None
+    self.state = LearnerState(
+        policy_params, init_opt_state(self.tx_policy, policy_params, op_sh),
+        critic_params if critic_params is not None else {},
+        init_opt_state(self.tx_critic, critic_params, oc_sh) if critic_params is not None else {})
+    self.ref_params = ref_params
+
+    rep = replicated(mesh)
+    step = make_rl_step(policy_gd, critic_gd, self.tx_policy, self.tx_critic, self.loss_cfg,
+                        value_coef=rl.value_coef, value_clip=rl.value_clip or None,
+                        decoupled=rl.decoupled)
+    self._step = jax.jit(step, in_shardings=(self.state_sh, None, rep),
+                         out_shardings=(self.state_sh, rep), donate_argnums=(0,))
+    self._score = jax.jit(make_score_fn(policy_gd, critic_gd))
+    self._adv = jax.jit(self.estimator)
+    self._mc_targets = jax.jit(monte_carlo_targets)
+
+  # ------------------------------------------------------------------ helpers
+  @property
+  def has_values(self) -> bool:
+    return self.critic_gd is not None or self.head_critic
+
+  def policy_params_for_sampler(self):
+    """The bare Transformer's params (without a value head) for the sampler."""
+    return self.state.policy["policy"] if self.head_critic else self.state.policy
+
+  def _pack(self, sessions: Sequence[Session]) -> PackedBatch:
+    rl = self.c.rl
+    multiple = rl.minibatches * num_batch_shards(self.mesh, self.rules)
+    # Lengths in steps of 64: power-of-two buckets would double the work of
+    # a batch that is just over a boundary; a handful of shapes still compile.
+    buckets = tuple(range(64, self.c.rollout.context_cap + 64, 64))
+    return pack_sessions(sessions, layout=rl.layout, context=rl.context, tokenizer=self.tokenizer,
+                         batch_multiple=multiple, pad_id=getattr(self.tokenizer, "pad_id", 0),
+                         length_buckets=buckets)
+
+  def _put(self, tree):
+    return shard_batch(tree, self.mesh, self.rules)
+
+  # ------------------------------------------------------------------ scoring
+  def score(self, pb: PackedBatch):
+    """Proximal log-probs, reference log-probs and values for a packed batch."""
+    with sharding_context(self.mesh, self.rules):
+      dev = self._put((pb.tokens_bt, pb.targets_bt, pb.positions_bt))
+      critic = self.state.critic if self.critic_gd is not None else None
+      return self._score(self.state.policy, critic, self.ref_params, *dev)
+
+  def advantages(self, pb: PackedBatch, values_bt, logp_bt=None, ref_logp_bt=None):
+    rl = self.c.rl
+    reward = jnp.asarray(pb.reward_bt)
+    if rl.kl_coef and rl.kl_mode == "reward" and self.ref_params is not None:
+      reward = kl_reward_penalty(reward, logp_bt, ref_logp_bt, jnp.asarray(pb.loss_mask_bt),
+                                 coef=rl.kl_coef, kind=rl.kl_type)
+    batch = CreditBatch(
+        reward_bt=reward, loss_mask_bt=jnp.asarray(pb.loss_mask_bt),
+        turn_idx_bt=jnp.asarray(pb.turn_idx_bt), group_id_b=jnp.asarray(pb.group_id_b),
+        episode_id_b=jnp.asarray(pb.episode_id_b), tree_id_b=jnp.asarray(pb.tree_id_b),
+        return_b=jnp.asarray(pb.return_b), value_bt=values_bt if self.has_values else None)
+    adv, target = self._adv(batch)
+    if target is None:
+      target = self._mc_targets(batch)
+    return adv, target
+
+  # ------------------------------------------------------------------ update
+  def update(self, sessions: Sequence[Session], step: int, *, train_policy: bool = True,
+             train_critic: bool = True, poison: float = 0.0) -> dict:
+    """One RL update on finished sessions; returns host metrics."""
+    c, rl = self.c, self.c.rl
+    t0 = time.time()
+    stats: dict[str, Any] = {}
+    trainable = [s for s in sessions if s.trainable]
+    stats["sessions/untrainable"] = len(sessions) - len(trainable)
+    if rl.dynamic_sampling:
+      keep, dropped = informative_groups_np([s.group_id for s in trainable],
+                                            [s.episode_return for s in trainable])
+      stats["sessions/dropped_uninformative_groups"] = dropped
+      trainable = [s for s, k in zip(trainable, keep) if k]
+    stats["sessions/trained"] = len(trainable)
+    if not trainable:
+      logging.warning("update %d: no trainable sessions; skipping", step)
+      return {**stats, "update/skipped": 1.0}
+    pb = self._pack(trainable)
+    prox, ref, values = self.score(pb)
+    adv, target = self.advantages(pb, values, prox, ref)
+    full = RLBatch(
+        tokens_bt=pb.tokens_bt, targets_bt=pb.targets_bt, positions_bt=pb.positions_bt,
+        loss_mask_bt=pb.loss_mask_bt, behav_logp_bt=pb.behav_logp_bt,
+        prox_logp_bt=np.asarray(prox), ref_logp_bt=np.asarray(ref), adv_bt=np.asarray(adv),
+        value_target_bt=np.asarray(target), old_value_bt=np.asarray(values),
+        turn_idx_bt=pb.turn_idx_bt, success_b=pb.success_b)
+    if self.has_values:
+      # Held-out fit of the critic: values from before this update's epochs.
+      stats["value/explained_variance_before"] = _explained_variance(
+          np.asarray(values), np.asarray(target), pb.loss_mask_bt)
+    flags = StepFlags(jnp.float32(train_policy), jnp.float32(train_critic and self.has_values),
+                      jnp.float32(poison))
+    b = pb.tokens_bt.shape[0]
+    mb = b // rl.minibatches
+    rng = np.random.default_rng([c.seed, step, 17])
+    metrics_acc: list = []
+    with sharding_context(self.mesh, self.rules):
+      for _ in range(rl.epochs):
+        perm = rng.permutation(b)
+        for m in range(rl.minibatches):
+          idx = perm[m * mb:(m + 1) * mb]
+          part = self._put(jax.tree.map(lambda x: np.asarray(x)[idx], full))
+          self.state, met = self._step(self.state, part, flags)
+          metrics_acc.append(met)
+    host = jax.device_get(metrics_acc)
+    nonfinite = sum(float(m["nonfinite"]) for m in host)
+    self.nonfinite_total += int(nonfinite)
+    if nonfinite:
+      self.nonfinite_in_a_row += 1
+      logging.warning("update %d: %d non-finite minibatch step(s) skipped (%d updates in a row)",
+                      step, int(nonfinite), self.nonfinite_in_a_row)
+      if self.nonfinite_in_a_row >= rl.max_nonfinite:
+        raise NonFiniteError(
+            f"{self.nonfinite_in_a_row} updates in a row had a non-finite loss or gradient "
+            f"(config.rl.max_nonfinite={rl.max_nonfinite}); the last good state is kept in the "
+            f"latest checkpoint. Lower config.rl.lr or check the rewards.")
+    else:
+      self.nonfinite_in_a_row = 0
+    if train_policy:
+      self.version += 1
+    out = _mean_metrics(host)
+    out.update(stats)
+    out["update/nonfinite_steps"] = nonfinite
+    out["update/nonfinite_total"] = self.nonfinite_total
+    out["update/seconds"] = time.time() - t0
+    out["update/batch_rows"] = b
+    out["update/seq_len"] = pb.tokens_bt.shape[1]
+    out["update/ratio_prox_behav_max"] = float(_masked_max(np.exp(np.asarray(prox) - pb.behav_logp_bt),
+                                                           pb.loss_mask_bt))
+    return out
+
+
+def monte_carlo_targets(batch: CreditBatch):
+  """Undiscounted return-to-go on every action token: the critic's default target."""
+  _, target = credit_registry.compute_advantages(
+      "gae", batch._replace(value_bt=jnp.zeros_like(batch.reward_bt)), gamma=1.0, lambda_policy=1.0,
+      lambda_critic=1.0)
+  return target
+
+
+def _max_turns(c) -> int:
+  from mtrl_jax.envs import registry as env_registry
+  try:
+    return int(env_registry.make(c.env.name, **dict(c.env.kwargs)).max_turns) + 1
+  except Exception:  # an env that needs a live resource: fall back to a generous bound
+    return 64
+
+
+def _explained_variance(v, t, m) -> float:
+  m = np.asarray(m) > 0
+  if m.sum() < 2:
+    return 0.0
+  var_t = np.var(t[m])
+  return float(1.0 - np.var(t[m] - v[m]) / var_t) if var_t > 1e-12 else 0.0
+
+
+def _masked_max(x, m):
+  m = np.asarray(m) > 0
+  return float(np.max(np.where(m, x, 0.0))) if m.any() else 0.0
+
+
+def _mean_metrics(ms: list) -> dict:
+  out = {}
+  for k in ms[0]:
+    vals = [np.asarray(m[k]) for m in ms]
+    if vals[0].ndim == 0:
+      out[k] = float(np.mean(vals))
+    else:
+      arr = np.mean(np.stack(vals), axis=0)
+      for i, v in enumerate(arr):
+        out[f"{k}/{i}"] = float(v)
+  return out

@@ -1,0 +1,163 @@
+"""The one jitted, sharded, donated RL update step (policy and critic).
+
+`LearnerState` holds both networks' parameters and optimiser states. The step
+computes the policy loss (any `credit.losses.policy_loss` option) and the
+clipped value loss, applies both optimisers, and refuses non-finite updates:
+when the loss or a gradient norm is not finite the old state is kept and the
+step reports `nonfinite=1`, so the host can count and stop.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable, NamedTuple, Optional
+
+import jax
+import jax.numpy as jnp
+import optax
+from flax import nnx
+
+from mtrl_jax.credit.losses import PolicyLossConfig, policy_loss, value_loss
+from mtrl_jax.models.transformer import token_logprobs
+from mtrl_jax.models.value import PolicyWithValueHead
+
+
+class LearnerState(NamedTuple):
+  policy: Any  # nnx.State of the policy's Params (with a value head when critic.kind='head')
+  opt_policy: Any
+  critic: Any  # nnx.State of a separate critic's Params, or {} when there is none
+  opt_critic: Any
+
+
+class RLBatch(NamedTuple):
+  """One minibatch on device; target-aligned per-token fields (see rollout.packing)."""
+  tokens_bt: jax.Array
+  targets_bt: jax.Array
+  positions_bt: jax.Array
+  loss_mask_bt: jax.Array
+  behav_logp_bt: jax.Array
+  prox_logp_bt: jax.Array
+  ref_logp_bt: jax.Array
+  adv_bt: jax.Array
+  value_target_bt: jax.Array
+  old_value_bt: jax.Array
+  turn_idx_bt: jax.Array
+  success_b: jax.Array
+
+
+class StepFlags(NamedTuple):
+  """Per-call scalars (replicated): which parts train, and a test hook."""
+  train_policy: jax.Array  # 1.0, or 0.0 during critic warm-up / value pretraining
+  train_critic: jax.Array
+  poison: jax.Array  # added to the loss; NaN injects a non-finite update in tests
+
+
+def forward(graphdef, params, tokens_bt, positions_bt):
+  """(logits fp32, values or None) of a policy that may carry a value head."""
+  model = nnx.merge(graphdef, params)
+  if isinstance(model, PolicyWithValueHead):
+    return model(tokens_bt, positions_bt=positions_bt)
+  logits, _ = model(tokens_bt, positions_bt=positions_bt)
+  return logits, None
+
+
+def critic_values(graphdef, params, tokens_bt, positions_bt):
+  return nnx.merge(graphdef, params)(tokens_bt, positions_bt=positions_bt)
+
+
+def _keep_if(ok, new, old):
+  return jax.tree.map(lambda n, o: jnp.where(ok, n, o), new, old)
+
+
+def make_rl_step(policy_gd, critic_gd, tx_policy: optax.GradientTransformation,
+                 tx_critic: Optional[optax.GradientTransformation], loss_cfg: PolicyLossConfig, *,
+                 value_coef: float, value_clip: Optional[float], decoupled: bool) -> Callable:
+  """Returns the pure step fn(state, batch, flags) -> (state, metrics); jit it with shardings."""
+  head = critic_gd is None and tx_critic is None
+
+  def loss_fn(params, batch: RLBatch, flags: StepFlags):
+    p_params, c_params = params
+    logits, head_values = forward(policy_gd, p_params, batch.tokens_bt, batch.positions_bt)
+    logp = token_logprobs(logits, batch.targets_bt)
+    p_loss, diag = policy_loss(
+        loss_cfg, logp, batch.behav_logp_bt, batch.adv_bt, batch.loss_mask_bt,
+        prox_logp_bt=batch.prox_logp_bt if decoupled else None,
+        ref_logp_bt=batch.ref_logp_bt if loss_cfg.kl_coef else None,
+        logits_btv=logits, turn_idx_bt=batch.turn_idx_bt, success_b=batch.success_b)
+    if head_values is not None:
+      values = head_values
+    elif c_params is not None and critic_gd is not None:
+      values = critic_values(critic_gd, c_params, batch.tokens_bt, batch.positions_bt)
+    else:
+      values = None
+    total = flags.train_policy * p_loss
+    if values is not None:
+      v_loss, v_diag = value_loss(values, batch.old_value_bt, batch.value_target_bt,
+                                  batch.loss_mask_bt, clip_eps=value_clip)
+      diag.update(v_diag)
+      total = total + value_coef * flags.train_critic * v_loss
+    total = total + flags.poison
+    return total, diag
+
+  def step(state: LearnerState, batch: RLBatch, flags: StepFlags):
+    has_critic = critic_gd is not None
+    params = (state.policy, state.critic if has_critic else None)
+    (loss, diag), (g_p, g_c) = jax.value_and_grad(loss_fn, has_aux=True)(params, batch, flags)
+    gn_p = optax.global_norm(g_p)
+    gn_c = optax.global_norm(g_c) if has_critic else jnp.zeros(())
+    ok = jnp.isfinite(loss) & jnp.isfinite(gn_p) & jnp.isfinite(gn_c)
+    upd, opt_p = tx_policy.update(g_p, state.opt_policy, state.policy)
+    new_p = optax.apply_updates(state.policy, upd)
+    # A head critic lives in the policy params: it must move even while the
+    # policy is frozen (value pretraining, critic warm-up).
+    move_p = ok & ((flags.train_policy > 0) | (head & (flags.train_critic > 0)))
+    if head:
+      new_p, opt_p = _mask_head_update(state, new_p, opt_p, flags)
+    policy = _keep_if(move_p, new_p, state.policy)
+    opt_policy = _keep_if(move_p, opt_p, state.opt_policy)
+    critic, opt_critic = state.critic, state.opt_critic
+    if has_critic:
+      upd_c, opt_c = tx_critic.update(g_c, state.opt_critic, state.critic)
+      new_c = optax.apply_updates(state.critic, upd_c)
+      move_c = ok & (flags.train_critic > 0)
+      critic = _keep_if(move_c, new_c, state.critic)
+      opt_critic = _keep_if(move_c, opt_c, state.opt_critic)
+    metrics = {**diag, "total_loss": loss, "grad_norm_policy": gn_p, "grad_norm_critic": gn_c,
+               "nonfinite": (~ok).astype(jnp.float32)}
+    return LearnerState(policy, opt_policy, critic, opt_critic), metrics
+
+  return step
+
+
+def _mask_head_update(state, new_p, opt_p, flags):
+  """With a shared trunk and the policy frozen, only the value head may change."""
+  frozen = flags.train_policy <= 0
+
+  def pick(path, n, o):
+    is_head = any(getattr(k, "key", None) == "value_head" for k in path)
+    return n if is_head else jnp.where(frozen, o, n)
+
+  return jax.tree_util.tree_map_with_path(pick, new_p, state.policy), opt_p
+
+
+def make_score_fn(policy_gd, critic_gd, ref_gd=None) -> Callable:
+  """fn(policy, critic, ref, tokens, targets, positions) -> (logp, ref_logp, values), no gradients.
+
+  The learner's proximal log-probs (decoupled PPO), the reference log-probs
+  (KL) and the critic's values, all computed once before the update epochs.
+  """
+
+  def score(p_params, c_params, ref_params, tokens_bt, targets_bt, positions_bt):
+    logits, head_v = forward(policy_gd, p_params, tokens_bt, positions_bt)
+    logp = token_logprobs(logits, targets_bt)
+    ref_logp = jnp.zeros_like(logp)
+    if ref_params is not None:
+      ref_logits, _ = forward(ref_gd if ref_gd is not None else policy_gd, ref_params, tokens_bt, positions_bt)
+      ref_logp = token_logprobs(ref_logits, targets_bt)
+    if head_v is not None:
+      values = head_v
+    elif critic_gd is not None:
+      values = critic_values(critic_gd, c_params, tokens_bt, positions_bt)
+    else:
+      values = jnp.zeros_like(logp)
+    return logp, ref_logp, values
+
+  return score

@@ -1,0 +1,356 @@
+"""The stages of one run, resumable from its workdir.
+
+    demos -> sft (warm start) -> value_pretrain -> rl -> eval
+
+Every stage checkpoints its progress; the JSON record of the checkpoint says
+which stages are done and how far the current one got, so relaunching the
+same command continues where the last run stopped.
+"""
+from __future__ import annotations
+
+import json
+import os
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from absl import logging
+from flax import nnx
+
+from mtrl_jax import config as config_lib
+from mtrl_jax.data import demos as demos_lib
+from mtrl_jax.envs import registry as env_registry
+from mtrl_jax.metrics import MetricsWriter, Progress, say
+from mtrl_jax.models.config import ModelConfig
+from mtrl_jax.models.tokenizer import ByteTokenizer, HFTokenizer
+from mtrl_jax.models.transformer import Transformer
+from mtrl_jax.models.value import Critic, PolicyWithValueHead
+from mtrl_jax.parallel.distributed import initialize_from_config
+from mtrl_jax.parallel.mesh import mesh_from_config
+from mtrl_jax.parallel.rules import rules_from_config
+from mtrl_jax.parallel.sharded_init import create_sharded
+from mtrl_jax.parallel.sharded_step import sharding_context
+from mtrl_jax.rollout.engine import RolloutEngine
+from mtrl_jax.sampling.sampler import Sampler, SamplingParams
+from mtrl_jax.train import optim
+from mtrl_jax.train.checkpoint import Checkpointer, abstract_like
+from mtrl_jax.train.evaluate import evaluate
+from mtrl_jax.train.learner import Learner, NonFiniteError
+from mtrl_jax.train.lm_step import make_lm_train_step
+from mtrl_jax.train.sft import DemoBatcher
+from mtrl_jax.train.source import SyncSource
+
+
+def _jsonable(c) -> dict:
+  return json.loads(c.to_json_best_effort())
+
+
+class Run:
+  """Owns the mesh, models, learner, checkpointer and writers of one workdir."""
+
+  def __init__(self, c, workdir: str):
+    self.c, self.workdir = c, workdir
+    initialize_from_config(c.distributed)
+    config_lib.validate(c)
+    os.makedirs(workdir, exist_ok=True)
+    self.mesh = mesh_from_config(c.mesh)
+    self.rules = rules_from_config(c.mesh)
+    self.is_main = jax.process_index() == 0
+    self.tok = HFTokenizer(c.hf_dir) if c.hf_dir else ByteTokenizer()
+    self.writer = MetricsWriter(workdir, tensorboard=c.log.tensorboard, is_main_process=self.is_main)
+    self.ckpt = Checkpointer(workdir, keep=c.checkpoint.keep, async_save=c.checkpoint.async_save)
+    self.meta = self.ckpt.restore_meta() or {"stages_done": [], "stage": None, "stage_step": 0,
+                                             "version": 0, "save_index": 0, "critic_ready": False}
+    self._build_models()
+    if self.ckpt.latest_step() is not None:
+      restored, _ = self.ckpt.restore(self._abstract_tree())
+      self._load_tree(restored)
+      say(f"resumed from checkpoint {self.ckpt.latest_step()} in {workdir}: stages done "
+          f"{self.meta['stages_done']}, {self.meta['stage']} at step {self.meta['stage_step']}")
+    if self.is_main:
+      with open(os.path.join(workdir, "config.json"), "w") as f:
+        json.dump(_jsonable(c), f, indent=1)
+
+  # ---------------------------------------------------------------- models
+  def _model_cfg(self) -> ModelConfig:
+    if self.c.hf_dir:
+      from mtrl_jax.models.hf import config_from_hf
+      with open(os.path.join(self.c.hf_dir, "config.json")) as f:
+        return config_from_hf(json.load(f), dtype=self.c.model.dtype)
+    return ModelConfig.from_dict(self.c.model)
+
+  def _build_models(self):
+    c, mc = self.c, self._model_cfg()
+    self.model_cfg = mc
+    seed = c.seed
+    if c.hf_dir:
+      from mtrl_jax.models.hf import load_policy
+      policy = load_policy(c.hf_dir, dtype=c.model.dtype)
+    else:
+      policy = create_sharded(lambda: Transformer(mc, rngs=nnx.Rngs(seed)), self.mesh, self.rules)
+    if c.critic.kind == "head":
+      policy = PolicyWithValueHead(mc, rngs=nnx.Rngs(seed + 1), policy=policy)
+    self.policy_gd, policy_params = nnx.split(policy)
+    self.sampler_gd = nnx.split(policy.policy if c.critic.kind == "head" else policy)[0]
+    critic_gd = critic_params = None
+    if c.critic.kind == "separate":
+      critic = create_sharded(lambda: Critic(mc, rngs=nnx.Rngs(seed + 2)), self.mesh, self.rules)
+      critic_gd, critic_params = nnx.split(critic)
+    self.critic_gd = critic_gd
+    ref = jax.tree.map(jnp.copy, policy_params) if c.rl.kl_coef else None
+    self.learner = Learner(c, self.mesh, self.rules, policy_gd=self.policy_gd, policy_params=policy_params,
+                           critic_gd=critic_gd, critic_params=critic_params, ref_params=ref,
+                           total_updates=c.rl.steps, tokenizer=self.tok)
+    self.learner.version = int(self.meta.get("version", 0))
+    self.sampler = Sampler(self.sampler_gd, self.learner.policy_params_for_sampler(), pad_id=self.tok.pad_id,
+                           stop_ids=(self.tok.eos_id,), version=self.learner.version)
+
+  def _tree(self):
+    s = self.learner.state
+    return {"policy": s.policy, "opt_policy": s.opt_policy, "critic": s.critic, "opt_critic": s.opt_critic,
+            "ref": self.learner.ref_params if self.learner.ref_params is not None else {}}
+
+  def _abstract_tree(self):
+    return abstract_like(self._tree())
+
+  def _load_tree(self, t):
+    from mtrl_jax.train.rl_step import LearnerState
+    self.learner.state = LearnerState(t["policy"], t["opt_policy"], t["critic"], t["opt_critic"])
+    if self.learner.ref_params is not None:
+      self.learner.ref_params = t["ref"]
+    self.learner.version = int(self.meta.get("version", 0))
+
+  def save(self, stage: str, stage_step: int):
+    self.meta.update(stage=stage, stage_step=int(stage_step), version=self.learner.version,
+                     config=_jsonable(self.c))
+    self.meta["save_index"] = int(self.meta.get("save_index", 0)) + 1
+    self.ckpt.save(self.meta["save_index"], self._tree(), dict(self.meta))
+
+  def _finish_stage(self, stage: str):
+    self.meta["stages_done"] = list(self.meta["stages_done"]) + [stage]
+    self.save(stage, 0)
+
+  # ---------------------------------------------------------------- rollout
+  def _env_factory(self):
+    name, kwargs = self.c.env.name, dict(self.c.env.kwargs)
+    return lambda: env_registry.make(name, **kwargs)
+
+  def _engine(self, group_size: int, sampling: SamplingParams) -> RolloutEngine:
+    r = self.c.rollout
+    return RolloutEngine(self.sampler, self.tok, self._env_factory(), group_size=group_size,
+                         turn_token_budget=r.turn_budget, context_cap=r.context_cap, sampling=sampling,
+                         num_env_threads=r.env_threads, env_name=self.c.env.name)
+
+  def _train_sampling(self) -> SamplingParams:
+    r = self.c.rollout
+    return SamplingParams(temperature=r.temperature, top_k=r.top_k, top_p=r.top_p)
+
+  def _sync_sampler(self):
+    self.sampler.set_params(self.learner.policy_params_for_sampler(), self.learner.version)
+
+  def evaluate(self, step: int, stage: str, tasks: int | None = None, write: bool = True) -> dict:
+    c = self.c
+    self._sync_sampler()
+    seeds = [c.eval.seed_offset + i for i in range(tasks or c.eval.tasks)]
+    greedy = self._engine(1, SamplingParams(greedy=True))
+    sampled = self._engine(1, self._train_sampling()) if c.eval.sampled else None
+    out = evaluate(greedy, sampled, seeds, jax.random.key(c.seed + 99))
+    if write:
+      self.writer.write(step, stage, out)
+    return out
+
+  # ---------------------------------------------------------------- stages
+  def run(self) -> dict:
+    summary = {}
+    try:
+      for stage in self.c.stages:
+        if stage in self.meta["stages_done"]:
+          say(f"stage {stage}: already done in {self.workdir}, skipping")
+          continue
+        t0 = time.time()
+        say(f"stage {stage}: starting")
+        out = getattr(self, f"stage_{stage}")() or {}
+        summary.update(out)
+        summary[f"time/{stage}_s"] = time.time() - t0
+        if stage != "demos":
+          self._finish_stage(stage)
+        else:
+          self.meta["stages_done"] = list(self.meta["stages_done"]) + ["demos"]
+    finally:
+      self.ckpt.close()
+      self.writer.close()
+    return summary
+
+  def demos_dir(self) -> str:
+    return self.c.demos.data_dir or os.path.join(self.workdir, "demos")
+
+  def stage_demos(self):
+    c = self.c
+    path = demos_lib.build_demos(c.env.name, dict(c.env.kwargs), episodes=c.demos.episodes,
+                                 data_dir=self.demos_dir(), quality=c.demos.quality, seed=c.seed)
+    sessions = demos_lib.load_demos(path)
+    stats = demos_lib.summarize(sessions)
+    say(f"demos at {path}: {stats}")
+    self.writer.write(0, "demos", {f"demos/{k}": v for k, v in stats.items()})
+    return {f"demos/{k}": v for k, v in stats.items()}
+
+  def stage_sft(self):
+    c, s = self.c, self.c.sft
+    path = demos_lib.build_demos(c.env.name, dict(c.env.kwargs), episodes=c.demos.episodes,
+                                 data_dir=self.demos_dir(), quality=c.demos.quality, seed=c.seed)
+    batcher = DemoBatcher(demos_lib.load_demos(path), self.tok, s.batch_size, c.seed,
+                          only_successful=s.only_successful)
+    tx = optim.adamw(s.lr, s.steps, warmup_steps=s.warmup_steps, weight_decay=s.weight_decay,
+                     clip_grad=s.clip_grad)
+    L = self.learner
+    sampler_only = c.critic.kind == "head"
+    gd = self.sampler_gd if sampler_only else self.policy_gd
+    p_sh = L.state_sh.policy["policy"] if sampler_only else L.state_sh.policy
+    from mtrl_jax.parallel.sharded_step import init_opt_state, opt_state_shardings
+    params = L.state.policy["policy"] if sampler_only else L.state.policy
+    o_sh = opt_state_shardings(tx, params, p_sh, self.mesh)
+    start = int(self.meta["stage_step"]) if self.meta.get("stage") == "sft" else 0
+    opt = init_opt_state(tx, params, o_sh)
+    if start and not sampler_only:
+      opt = L.state.opt_policy  # resumed mid-stage: the optimiser moments were saved there
+    step_fn = make_lm_train_step(gd, tx, self.mesh, self.rules, p_sh, o_sh)
+    prog = Progress("sft", s.steps, start)
+    from mtrl_jax.parallel.batch import shard_batch
+    for k in range(start, s.steps):
+      batch = shard_batch(batcher.batch(k), self.mesh, self.rules)
+      params, opt, met = step_fn(params, opt, batch)
+      if (k + 1) % max(c.log.every * 10, 1) == 0 or k + 1 == s.steps:
+        m = jax.device_get(met)
+        if not np.isfinite(m["loss"]):
+          raise NonFiniteError(f"sft step {k}: non-finite loss; lower config.sft.lr")
+        self.writer.write(k + 1, "sft", {f"sft/{n}": v for n, v in m.items()})
+        prog.update(k + 1, loss=float(m["loss"]), acc=float(m["accuracy"]))
+      self._set_policy(params, sampler_only, opt)
+      if (k + 1) % max(c.checkpoint.every * 10, 1) == 0 and k + 1 < s.steps:
+        self.save("sft", k + 1)
+    self._set_policy(params, sampler_only, None)
+    # The optimiser state of the RL stage starts fresh.
+    self._reset_policy_opt()
+    if self.learner.ref_params is not None:
+      self.learner.ref_params = jax.tree.map(jnp.copy, self.learner.state.policy)
+    return self.evaluate(s.steps, "sft")
+
+  def _set_policy(self, params, sampler_only, opt):
+    st = self.learner.state
+    if sampler_only:
+      st.policy["policy"] = params
+      self.learner.state = st._replace(policy=st.policy)
+    else:
+      self.learner.state = st._replace(policy=params, opt_policy=opt if opt is not None else st.opt_policy)
+
+  def _reset_policy_opt(self):
+    from mtrl_jax.parallel.sharded_step import init_opt_state
+    L = self.learner
+    L.state = L.state._replace(opt_policy=init_opt_state(L.tx_policy, L.state.policy, L.state_sh.opt_policy))
+
+  def _init_critic_from_policy(self):
+    if self.meta.get("critic_ready") or self.c.critic.kind != "separate" or not self.c.critic.init_from_policy:
+      return
+    L = self.learner
+    pol = nnx.to_flat_state(L.state.policy)
+    src = {p: v for p, v in pol}
+    crit = L.state.critic
+    flat = []
+    for path, var in nnx.to_flat_state(crit):
+      if path[0] == "trunk" and path[1:] in src:
+        var = var.replace(jnp.array(src[path[1:]].get_value()))
+      flat.append((path, var))
+    L.state = L.state._replace(critic=nnx.from_flat_state(flat))
+    self.meta["critic_ready"] = True
+
+  def stage_value_pretrain(self):
+    c, v = self.c, self.c.value_pretrain
+    if not v.enabled or self.c.critic.kind == "none":
+      return {}
+    self._init_critic_from_policy()
+    start = int(self.meta["stage_step"]) if self.meta.get("stage") == "value_pretrain" else 0
+    best, since_best = float(self.meta.get("vp_best", -np.inf)), int(self.meta.get("vp_since", 0))
+    engine = self._engine(c.rl.group_size, self._train_sampling())
+    source = SyncSource(engine, seed=c.seed + 7, tasks_per_update=v.tasks_per_round)
+    prog = Progress("value_pretrain", v.rounds, start)
+    saved_epochs = c.rl.epochs
+    out = {}
+    for r in range(start, v.rounds):
+      self._sync_sampler()
+      sessions, info = source.next_batch(r)
+      with c.unlocked():
+        c.rl.epochs = v.epochs
+      try:
+        met = self.learner.update(sessions, r, train_policy=False)
+      finally:
+        with c.unlocked():
+          c.rl.epochs = saved_epochs
+      ev = met.get("value/explained_variance_before", met.get("explained_variance", 0.0))
+      self.writer.write(r, "value_pretrain", {**info, **met})
+      prog.update(r + 1, ev=ev, vloss=met.get("value_loss", 0.0))
+      # Fitting too long overfits (VC-PPO): stop once held-out EV stops improving.
+      if ev > best + v.min_delta:
+        best, since_best = ev, 0
+      else:
+        since_best += 1
+      self.meta.update(vp_best=best, vp_since=since_best)
+      out = {"value_pretrain/explained_variance": ev, "value_pretrain/rounds": r + 1}
+      if since_best >= v.patience:
+        say(f"value pretraining: explained variance stopped improving at {best:.3f} after {r + 1} rounds")
+        break
+    return out
+
+  def stage_rl(self):
+    c, rl = self.c, self.c.rl
+    self._init_critic_from_policy()
+    start = int(self.meta["stage_step"]) if self.meta.get("stage") == "rl" else 0
+    engine = self._engine(rl.group_size, self._train_sampling())
+    if c.asynchronous.enabled:
+      from mtrl_jax.train.async_source import AsyncSource
+      a = c.asynchronous
+      source = AsyncSource(engine, params=self.learner.policy_params_for_sampler(), version=self.learner.version,
+                           seed=c.seed, tasks_per_update=rl.tasks_per_update, eta=a.eta, actors=a.actors,
+                           start_step=start, groups_per_chunk=a.get("groups_per_chunk", 1),
+                           step_timeout_s=a.get("step_timeout_s", None))
+    else:
+      source = SyncSource(engine, seed=c.seed, tasks_per_update=rl.tasks_per_update,
+                          dynamic_sampling=rl.dynamic_sampling, max_resample_rounds=rl.max_resample_rounds)
+    if start == 0:
+      self.evaluate(0, "rl")
+    prog = Progress("rl", rl.steps, start)
+    nan_at = set(int(x) for x in c.debug.nan_at_updates)
+    last = {}
+    tokens_seen = float(self.meta.get("tokens_seen", 0.0))
+    try:
+      for step in range(start, rl.steps):
+        t0 = time.time()
+        if c.asynchronous.enabled:  # a copy: the learner's step donates its buffers
+          source.publish(self.learner.policy_params_for_sampler(), self.learner.version)
+        else:
+          self._sync_sampler()
+        sessions, info = source.next_batch(step)
+        met = self.learner.update(sessions, step, train_policy=step >= rl.critic_warmup,
+                                  poison=float("nan") if step in nan_at else 0.0)
+        tokens_seen += info.get("ledger/tokens_generated", 0.0) + info.get("ledger/tokens_prefilled", 0.0)
+        rec = {**info, **met, "tokens_seen": tokens_seen, "time/step_s": time.time() - t0,
+               "policy_version": self.learner.version}
+        if (step + 1) % c.eval.every == 0 or step + 1 == rl.steps:
+          rec.update(self.evaluate(step + 1, "rl", write=False))
+        last = self.writer.write(step + 1, "rl", rec)
+        prog.update(step + 1, ret=info["rollout/return"], succ=info["rollout/success"],
+                    **({"eval": rec["eval/success"]} if "eval/success" in rec else {}))
+        self.meta["tokens_seen"] = tokens_seen
+        if (step + 1) % c.checkpoint.every == 0 and step + 1 < rl.steps:
+          self.save("rl", step + 1)
+    except NonFiniteError:
+      self.save("rl", step)  # the last good state, so the run can be inspected or resumed
+      raise
+    finally:
+      source.close()
+    return {k: v for k, v in last.items() if k.startswith("eval/")}
+
+  def stage_eval(self):
+    out = self.evaluate(self.c.rl.steps, "eval", tasks=max(self.c.eval.tasks, 64))
+    say(f"final evaluation: {out}")
+    return {f"final/{k}": v for k, v in out.items()}

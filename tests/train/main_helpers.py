@@ -1,0 +1,31 @@
+"""Running the real entry point in a subprocess, on one CPU device."""
+import os
+import subprocess
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+# A run small enough for CI: every stage, a 1-layer model, a few updates.
+TINY = [
+    "--config=configs/default.py:runlocal=true",
+    "--config.model.n_layers=1", "--config.model.dim=32", "--config.model.mlp_dim=64",
+    "--config.model.head_dim=8",
+    "--config.demos.episodes=32", "--config.rollout.context_cap=192",
+]
+
+
+def env_one_device():
+  env = dict(os.environ)
+  env.pop("XLA_FLAGS", None)  # one device: faster, and what a laptop run uses
+  env["JAX_PLATFORMS"] = "cpu"
+  env["PYTHONUNBUFFERED"] = "1"
+  return env
+
+
+def main_cmd(workdir, *extra):
+  return [sys.executable, "-m", "mtrl_jax.main", *TINY, f"--workdir={workdir}", *extra]
+
+
+def run_main(workdir, *extra, timeout=300):
+  return subprocess.run(main_cmd(workdir, *extra), cwd=ROOT, env=env_one_device(), capture_output=True,
+                        text=True, timeout=timeout)
