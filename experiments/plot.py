@@ -4,8 +4,8 @@
   python experiments/plot.py --workdir /tmp/sweep/a,/tmp/sweep/b --out cmp.png
   python experiments/plot.py --workdir '/tmp/sweep/estimator=*,horizon=6,seed=0'   # a glob: -> /tmp/sweep/curves.png
 
-Rows: success (eval/success, eval/sampled_success, rollout/success) and return
-(eval/return, eval/sampled_return, rollout/return). Columns: x = RL step and
+Rows: success (eval/success, eval/greedy_success, rollout/success) and return
+(eval/return, eval/greedy_return, rollout/return). Columns: x = RL step and
 x = `tokens_seen` (generated + prefilled), the fair axis when variants spend
 different token budgets per step. One colour per run (legend = workdir
 basename), one line style per metric; the final `eval` stage is a star.
@@ -26,10 +26,10 @@ import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.lines import Line2D  # noqa: E402
 from matplotlib.ticker import MaxNLocator  # noqa: E402
 
-ROWS = (("success", ("eval/success", "eval/sampled_success", "rollout/success")),
-        ("return", ("eval/return", "eval/sampled_return", "rollout/return")))
-STYLES = {"eval/success": "-", "eval/return": "-", "eval/sampled_success": "--",
-          "eval/sampled_return": "--", "rollout/success": ":", "rollout/return": ":"}
+ROWS = (("success", ("eval/success", "eval/greedy_success", "rollout/success")),
+        ("return", ("eval/return", "eval/greedy_return", "rollout/return")))
+STYLES = {"eval/success": "-", "eval/return": "-", "eval/greedy_success": "--",
+          "eval/greedy_return": "--", "rollout/success": ":", "rollout/return": ":"}
 
 
 def read_records(workdir: str) -> list[dict]:
@@ -49,12 +49,8 @@ def read_records(workdir: str) -> list[dict]:
 
 
 def step_tokens(rec: dict) -> float:
-  """Tokens one update generated + prefilled, under either name the ledger has used."""
-  for gen, pre in (("ledger/generated_total", "ledger/prefilled_total"),
-                   ("ledger/tokens_generated", "ledger/tokens_prefilled")):
-    if rec.get(gen) is not None or rec.get(pre) is not None:
-      return float(rec.get(gen) or 0.0) + float(rec.get(pre) or 0.0)
-  return 0.0
+  """Tokens one update generated + prefilled (the token ledger's totals)."""
+  return float(rec.get("ledger/tokens_generated") or 0.0) + float(rec.get("ledger/tokens_prefilled") or 0.0)
 
 
 def rl_curves(records: list[dict]) -> dict:

@@ -50,11 +50,9 @@ def tokens_seen(rl: list[dict]) -> float | None:
     return seen
   per_step = {}  # step -> tokens; a resumed run's rewritten steps replace the stale ones
   for r in rl:
-    for gen, pre in (("ledger/generated_total", "ledger/prefilled_total"),
-                     ("ledger/tokens_generated", "ledger/tokens_prefilled")):
-      if r.get(gen) is not None or r.get(pre) is not None:
-        per_step[int(r["step"])] = float(r.get(gen) or 0.0) + float(r.get(pre) or 0.0)
-        break
+    gen, pre = r.get("ledger/tokens_generated"), r.get("ledger/tokens_prefilled")
+    if gen is not None or pre is not None:
+      per_step[int(r["step"])] = float(gen or 0.0) + float(pre or 0.0)
   return sum(per_step.values()) if per_step else seen
 
 

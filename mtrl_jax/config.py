@@ -77,7 +77,8 @@ def base_config() -> ml_collections.ConfigDict:
       max_nonfinite=3,  # stop after this many non-finite updates in a row
   ))
 
-  c.eval = ml_collections.ConfigDict(dict(every=10, tasks=32, seed_offset=1_000_000, sampled=True))
+  # eval/success samples at the rollout temperature; greedy=True adds eval/greedy_*.
+  c.eval = ml_collections.ConfigDict(dict(every=10, tasks=32, seed_offset=1_000_000, greedy=True))
   c.checkpoint = ml_collections.ConfigDict(dict(every=10, keep=2, async_save=True))
   from mtrl_jax.parallel.mesh import default_mesh_config
   c.mesh = default_mesh_config()  # shape (-1,1,1) = pure data parallel; rules preset "default" | "fsdp"

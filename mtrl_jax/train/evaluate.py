@@ -1,4 +1,11 @@
-"""Evaluation on held-out task seeds, greedy and sampled."""
+"""Evaluation on held-out task seeds, sampled and greedy.
+
+`eval/success` is the success rate of the policy as it is trained and
+deployed in rollouts: sampled at the rollout temperature. Greedy decoding is
+reported beside it (`eval/greedy_*`); on a near-even choice between two
+actions argmax flips on tiny logit differences, so greedy success says little
+about a policy that is still mixing.
+"""
 from __future__ import annotations
 
 import numpy as np
@@ -19,9 +26,9 @@ def session_stats(sessions: list[Session], prefix: str) -> dict:
   }
 
 
-def evaluate(engine_greedy, engine_sampled, seeds, rng) -> dict:
-  """`eval/success` (greedy) and `eval/sampled_success`, plus returns, turns, tokens."""
-  out = session_stats(engine_greedy.run(seeds, rng).sessions, "eval/")
-  if engine_sampled is not None:
-    out.update(session_stats(engine_sampled.run(seeds, rng).sessions, "eval/sampled_"))
+def evaluate(engine_sampled, engine_greedy, seeds, rng) -> dict:
+  """`eval/success` (sampled) and, given a greedy engine, `eval/greedy_success`; returns, turns, tokens."""
+  out = session_stats(engine_sampled.run(seeds, rng).sessions, "eval/")
+  if engine_greedy is not None:
+    out.update(session_stats(engine_greedy.run(seeds, rng).sessions, "eval/greedy_"))
   return out

@@ -153,9 +153,9 @@ class Run:
     c = self.c
     self._sync_sampler()
     seeds = [c.eval.seed_offset + i for i in range(tasks or c.eval.tasks)]
-    greedy = self._engine(1, SamplingParams(greedy=True))
-    sampled = self._engine(1, self._train_sampling()) if c.eval.sampled else None
-    out = evaluate(greedy, sampled, seeds, jax.random.key(c.seed + 99))
+    sampled = self._engine(1, self._train_sampling())
+    greedy = self._engine(1, SamplingParams(greedy=True)) if c.eval.greedy else None
+    out = evaluate(sampled, greedy, seeds, jax.random.key(c.seed + 99))
     if write:
       self.writer.write(step, stage, out)
     return out

@@ -30,12 +30,12 @@ def write_run(workdir, *, steps=6, eval_every=2, final=(0.75, 0.6), tokens_per_s
   if start == 0:
     w.write(0, "demos", {"demos/sessions": 64})
     w.write(20, "sft", {"sft/loss": 1.0, "eval/success": 0.9})  # not an RL point
-    w.write(0, "rl", {"eval/success": 0.0, "eval/return": 0.0, "eval/sampled_success": 0.0})
+    w.write(0, "rl", {"eval/success": 0.0, "eval/return": 0.0, "eval/greedy_success": 0.0})
   for s in range(start + 1, steps + 1):
     rec = {"rollout/success": s / 10, "rollout/return": s / 20, "tokens_seen": s * tokens_per_step,
-           "ledger/generated_total": 30.0, "ledger/prefilled_total": 70.0}
+           "ledger/tokens_generated": 30.0, "ledger/tokens_prefilled": 70.0}
     if s % eval_every == 0:
-      ev = {"eval/success": s / steps, "eval/return": s / (2 * steps), "eval/sampled_success": s / (3 * steps)}
+      ev = {"eval/success": s / steps, "eval/return": s / (2 * steps), "eval/greedy_success": s / (3 * steps)}
       w.write(s, "rl", ev)
       rec.update(ev)
     w.write(s, "rl", rec)
@@ -66,7 +66,7 @@ def test_rl_curves_drops_steps_rewritten_after_resume(tmp_path):
 
 
 def test_token_axis_falls_back_to_the_per_step_ledger(tmp_path):
-  """Lines as train/run.py wrote them when its tokens_seen stayed 0 (ledger keys tokens_generated/_prefilled)."""
+  """Runs whose lines lack a cumulative tokens_seen still get a token axis from the ledger."""
   w = MetricsWriter(str(tmp_path), tensorboard=False)
   w.write(0, "rl", {"eval/success": 0.0})
   for s in (1, 2, 3):

@@ -6,8 +6,8 @@ import sys
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 # A run small enough for CI: every stage, a 1-layer model, a few updates.
+DEFAULT = "configs/default.py:runlocal=true"
 TINY = [
-    "--config=configs/default.py:runlocal=true",
     "--config.model.n_layers=1", "--config.model.dim=32", "--config.model.mlp_dim=64",
     "--config.model.head_dim=8",
     "--config.demos.episodes=32", "--config.rollout.context_cap=192",
@@ -22,10 +22,10 @@ def env_one_device():
   return env
 
 
-def main_cmd(workdir, *extra):
-  return [sys.executable, "-m", "mtrl_jax.main", *TINY, f"--workdir={workdir}", *extra]
+def main_cmd(workdir, *extra, config=DEFAULT):
+  return [sys.executable, "-m", "mtrl_jax.main", f"--config={config}", *TINY, f"--workdir={workdir}", *extra]
 
 
-def run_main(workdir, *extra, timeout=300):
-  return subprocess.run(main_cmd(workdir, *extra), cwd=ROOT, env=env_one_device(), capture_output=True,
-                        text=True, timeout=timeout)
+def run_main(workdir, *extra, config=DEFAULT, timeout=300):
+  return subprocess.run(main_cmd(workdir, *extra, config=config), cwd=ROOT, env=env_one_device(),
+                        capture_output=True, text=True, timeout=timeout)

@@ -25,6 +25,9 @@ def _flat(tree, prefix=""):
   if isinstance(tree, dict):
     for k, v in tree.items():
       out.update(_flat(v, f"{prefix}/{k}"))
+  elif isinstance(tree, (list, tuple)):
+    for i, v in enumerate(tree):
+      out.update(_flat(v, f"{prefix}/{i}"))
   else:
     out[prefix] = np.asarray(tree)
   return out
@@ -39,10 +42,10 @@ def test_main_job_runs_every_stage(tmp_path):
   recs = read_metrics(str(tmp_path))
   stages = {r["stage"] for r in recs}
   assert {"demos", "sft", "rl", "eval"} <= stages
-  rl = [r for r in recs if r["stage"] == "rl" and "ledger/generated_total" in r]
+  rl = [r for r in recs if r["stage"] == "rl" and "ledger/tokens_generated" in r]
   assert len(rl) == 3  # config.rl.steps
   for r in rl:
-    assert r["ledger/generated_total"] > 0 and r["staleness/max"] == 0.0
+    assert r["ledger/tokens_generated"] > 0 and r["staleness/max"] == 0.0
     assert 0.0 <= r["rollout/success"] <= 1.0
   assert any("eval/success" in r for r in recs if r["stage"] == "rl")
   # Relaunching a finished run does no work and changes nothing.
@@ -67,7 +70,7 @@ def test_kill_and_resume_matches_uninterrupted_run(tmp_path):
   deadline = time.time() + 240
   killed_at = None
   while time.time() < deadline and proc.poll() is None:
-    rl = [r["step"] for r in read_metrics(kill_dir) if r["stage"] == "rl" and "ledger/generated_total" in r]
+    rl = [r["step"] for r in read_metrics(kill_dir) if r["stage"] == "rl" and "ledger/tokens_generated" in r]
     if rl and max(rl) >= 3:
       proc.send_signal(signal.SIGKILL)
       killed_at = max(rl)
@@ -109,3 +112,17 @@ def test_nonfinite_loss_is_skipped_then_stops(tmp_path):
   rl = [r for r in read_metrics(str(tmp_path)) if r["stage"] == "rl" and "update/nonfinite_steps" in r]
   assert [r["update/nonfinite_steps"] > 0 for r in rl] == [False, True, True]
   assert rl[-1]["update/nonfinite_total"] >= 2
+
+
+@pytest.mark.slow
+def test_ppo_family_pretrains_the_critic_then_trains_with_gae(tmp_path):
+  proc = run_main(str(tmp_path), "--config.stages=('demos','sft','value_pretrain','rl')",
+                  config="configs/ppo.py:runlocal=true,estimator=gae,adaptive=true")
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  recs = read_metrics(str(tmp_path))
+  vp = [r for r in recs if r["stage"] == "value_pretrain"]
+  assert vp and all("value/explained_variance_before" in r and r["value_loss"] >= 0 for r in vp)
+  rl = [r for r in recs if r["stage"] == "rl" and "explained_variance" in r]
+  assert len(rl) == 3 and all(np.isfinite(r["value_loss"]) for r in rl)
+  # The policy stayed frozen while the critic was fitted: RL starts at version 0.
+  assert [r["policy_version"] for r in rl] == [1, 2, 3]
