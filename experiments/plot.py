@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import glob
 import itertools
-import json
 import os
 import sys
 
@@ -33,19 +32,8 @@ STYLES = {"eval/success": "-", "eval/return": "-", "eval/greedy_success": "--",
 
 
 def read_records(workdir: str) -> list[dict]:
-  """`read_metrics`, tolerant of a half-written last line (a run killed mid-write)."""
   from mtrl_jax.metrics import read_metrics
-  try:
-    return read_metrics(workdir)
-  except json.JSONDecodeError:
-    out = []
-    with open(os.path.join(workdir, "metrics.jsonl")) as f:
-      for line in f:
-        try:
-          out.append(json.loads(line))
-        except json.JSONDecodeError:
-          continue
-    return out
+  return read_metrics(workdir)
 
 
 def step_tokens(rec: dict) -> float:

@@ -16,23 +16,12 @@ import math
 import os
 import sys
 
-METRICS = ("eval/success", "eval/return", "eval/sampled_success")
+METRICS = ("eval/success", "eval/return", "eval/greedy_success")
 
 
 def read_records(workdir: str) -> list[dict]:
-  """`read_metrics`, tolerant of a half-written last line (a run killed mid-write)."""
   from mtrl_jax.metrics import read_metrics
-  try:
-    return read_metrics(workdir)
-  except json.JSONDecodeError:
-    out = []
-    with open(os.path.join(workdir, "metrics.jsonl")) as f:
-      for line in f:
-        try:
-          out.append(json.loads(line))
-        except json.JSONDecodeError:
-          continue
-    return out
+  return read_metrics(workdir)
 
 
 def parse_name(name: str) -> dict:

@@ -44,7 +44,7 @@ def base_config() -> ml_collections.ConfigDict:
   ))
 
   c.value_pretrain = ml_collections.ConfigDict(dict(
-      enabled=True, rounds=20, tasks_per_round=8, epochs=4, lr=1e-3,
+      enabled=True, rounds=20, tasks_per_round=8, epochs=4,  # the critic's optimiser is rl.critic_lr
       patience=3,  # rounds without explained-variance improvement before stopping
       min_delta=0.005,
   ))

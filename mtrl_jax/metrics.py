@@ -76,11 +76,18 @@ class MetricsWriter:
 
 
 def read_metrics(workdir: str) -> list[dict]:
+  """The records of `<workdir>/metrics.jsonl`; a half-written line (a run killed mid-write) is skipped."""
   path = os.path.join(workdir, "metrics.jsonl")
   if not os.path.exists(path):
     return []
+  out = []
   with open(path) as f:
-    return [json.loads(line) for line in f if line.strip()]
+    for line in f:
+      try:
+        out.append(json.loads(line))
+      except json.JSONDecodeError:
+        continue
+  return out
 
 
 def say(msg: str, stream=None) -> None:

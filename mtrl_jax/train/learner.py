@@ -136,8 +136,13 @@ class Learner:
 
   # ------------------------------------------------------------------ update
   def update(self, sessions: Sequence[Session], step: int, *, train_policy: bool = True,
-             train_critic: bool = True, poison: float = 0.0) -> dict:
-    """One RL update on finished sessions; returns host metrics."""
+             train_critic: bool = True, poison: float = 0.0, epochs: int | None = None) -> dict:
+    """One RL update on finished sessions; returns host metrics.
+
+    train_policy=False fits only the critic (value pretraining, critic
+    warm-up); `epochs` overrides config.rl.epochs; `poison` is added to the
+    loss (NaN injects a non-finite update in tests).
+    """
     c, rl = self.c, self.c.rl
     t0 = time.time()
     stats: dict[str, Any] = {}
@@ -172,7 +177,7 @@ class Learner:
     rng = np.random.default_rng([c.seed, step, 17])
     metrics_acc: list = []
     with sharding_context(self.mesh, self.rules):
-      for _ in range(rl.epochs):
+      for _ in range(rl.epochs if epochs is None else epochs):
         perm = rng.permutation(b)
         for m in range(rl.minibatches):
           idx = perm[m * mb:(m + 1) * mb]

@@ -274,18 +274,11 @@ class Run:
     engine = self._engine(c.rl.group_size, self._train_sampling())
     source = SyncSource(engine, seed=c.seed + 7, tasks_per_update=v.tasks_per_round)
     prog = Progress("value_pretrain", v.rounds, start)
-    saved_epochs = c.rl.epochs
     out = {}
     for r in range(start, v.rounds):
       self._sync_sampler()
       sessions, info = source.next_batch(r)
-      with c.unlocked():
-        c.rl.epochs = v.epochs
-      try:
-        met = self.learner.update(sessions, r, train_policy=False)
-      finally:
-        with c.unlocked():
-          c.rl.epochs = saved_epochs
+      met = self.learner.update(sessions, r, train_policy=False, epochs=v.epochs)
       ev = met.get("value/explained_variance_before", met.get("explained_variance", 0.0))
       self.writer.write(r, "value_pretrain", {**info, **met})
       prog.update(r + 1, ev=ev, vloss=met.get("value_loss", 0.0))
@@ -299,6 +292,8 @@ class Run:
       if since_best >= v.patience:
         say(f"value pretraining: explained variance stopped improving at {best:.3f} after {r + 1} rounds")
         break
+      if (r + 1) % c.checkpoint.every == 0:
+        self.save("value_pretrain", r + 1)
     return out
 
   def stage_rl(self):
