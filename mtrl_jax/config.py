@@ -83,7 +83,11 @@ def base_config() -> ml_collections.ConfigDict:
   from mtrl_jax.parallel.mesh import default_mesh_config
   c.mesh = default_mesh_config()  # shape (-1,1,1) = pure data parallel; rules preset "default" | "fsdp"
   c.log = ml_collections.ConfigDict(dict(every=1, tensorboard=True))
-  c.asynchronous = ml_collections.ConfigDict(dict(enabled=False, eta=1, actors=4))
+  # Async actors (AReaL-style): eta bounds staleness in policy versions; 0 = synchronous.
+  c.asynchronous = ml_collections.ConfigDict(dict(
+      enabled=False, eta=1, actors=4, groups_per_chunk=1,
+      step_timeout_s=0.0,  # > 0: an env step slower than this ends its session as env_error
+  ))
   from mtrl_jax.parallel.distributed import default_distributed_config
   c.distributed = default_distributed_config()  # unset fields fall back to MTRL_* env vars / jax auto-detect
   c.debug = ml_collections.ConfigDict(dict(nan_at_updates=()))
@@ -124,6 +128,8 @@ def validate(c: ml_collections.ConfigDict, num_devices: int | None = None) -> No
   _check(0.0 < c.rl.entropy_mask_rho <= 1.0, "rl.entropy_mask_rho", "must be in (0, 1]")
   _check(0.0 <= c.demos.quality <= 1.0, "demos.quality", f"must be in [0, 1], got {c.demos.quality}")
   _check(c.rollout.temperature > 0, "rollout.temperature", "must be > 0 (use eval greedy for argmax)")
+  _check(c.asynchronous.eta >= 0, "asynchronous.eta", f"must be >= 0, got {c.asynchronous.eta}")
+  _check(c.asynchronous.actors >= 1, "asynchronous.actors", f"must be >= 1, got {c.asynchronous.actors}")
 
   from mtrl_jax.credit import registry as credit_registry
   names = credit_registry.estimator_names()

@@ -306,18 +306,19 @@ class Run:
       a = c.asynchronous
       source = AsyncSource(engine, params=self.learner.policy_params_for_sampler(), version=self.learner.version,
                            seed=c.seed, tasks_per_update=rl.tasks_per_update, eta=a.eta, actors=a.actors,
-                           start_step=start, groups_per_chunk=a.get("groups_per_chunk", 1),
-                           step_timeout_s=a.get("step_timeout_s", None))
+                           start_step=start, groups_per_chunk=a.groups_per_chunk,
+                           step_timeout_s=a.step_timeout_s or None)
     else:
       source = SyncSource(engine, seed=c.seed, tasks_per_update=rl.tasks_per_update,
                           dynamic_sampling=rl.dynamic_sampling, max_resample_rounds=rl.max_resample_rounds)
-    if start == 0:
-      self.evaluate(0, "rl")
     prog = Progress("rl", rl.steps, start)
     nan_at = set(int(x) for x in c.debug.nan_at_updates)
     last = {}
     tokens_seen = float(self.meta.get("tokens_seen", 0.0))
+    step = start
     try:
+      if start == 0:
+        self.evaluate(0, "rl")  # the warm-started policy: the baseline of the curve
       for step in range(start, rl.steps):
         t0 = time.time()
         if c.asynchronous.enabled:  # a copy: the learner's step donates its buffers
