@@ -87,7 +87,7 @@ class Attention(nnx.Module):
   def __call__(self, x_btd, pos_bt, k_cache, v_cache, write_pos_bt, kv_len_b):
     """Attends the new tokens to the cache (or to themselves when no cache).
 
-    k_cache/v_cache: [B,S,KV,hd] or None. write_pos_bt: the cache slot of each
+    k_cache/v_cache: [B,KV,S,hd] or None. write_pos_bt: the cache slot of each
     new token (= its RoPE position). kv_len_b: valid cache length per row after
     this call's writes; slots at or beyond it are never attended.
     """
@@ -103,25 +103,39 @@ class Attention(nnx.Module):
     v = shard(v, ("batch", "length", "kv_heads", "head_dim"))
 
     if k_cache is None:
-      keys, vals, key_pos = k, v, pos_bt
+      keys, vals, key_pos = k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3), pos_bt
     else:
       # Scatter the new tokens into their slots; out-of-range slots are dropped
       # rather than clamped, so an over-full row never corrupts valid entries.
       b_idx = jnp.arange(x.shape[0])[:, None]
-      k_cache = k_cache.at[b_idx, write_pos_bt].set(k.astype(k_cache.dtype), mode="drop")
-      v_cache = v_cache.at[b_idx, write_pos_bt].set(v.astype(v_cache.dtype), mode="drop")
+      write_pos, k_w, v_w = write_pos_bt, k, v
+      if write_pos.size == 1:
+        # A one-slot write (batch 1, one token) becomes a dynamic-update-slice
+        # that XLA:CPU fuses into both users of the cache, copying every layer's
+        # cache at each decode step; a second, out-of-range (dropped) slot
+        # keeps it a scatter, which is updated in place.
+        write_pos = jnp.concatenate([write_pos, jnp.full_like(write_pos, k_cache.shape[2])], axis=1)
+        k_w, v_w = jnp.concatenate([k, k], axis=1), jnp.concatenate([v, v], axis=1)
+      k_cache = k_cache.at[b_idx, :, write_pos].set(k_w.astype(k_cache.dtype), mode="drop")
+      v_cache = v_cache.at[b_idx, :, write_pos].set(v_w.astype(v_cache.dtype), mode="drop")
       keys, vals = k_cache.astype(dt), v_cache.astype(dt)
-      key_pos = jnp.broadcast_to(jnp.arange(keys.shape[1]), keys.shape[:2])
+      key_pos = jnp.broadcast_to(jnp.arange(keys.shape[2]), (keys.shape[0], keys.shape[2]))
 
+    # Keys/values are [B,KV,S,hd]: with the kv head ahead of the slot axis both
+    # products are plain batched matmuls, so decoding never transposes the whole
+    # cache (with [B,S,KV,hd] XLA copied it at every step, 2x slower on CPU).
     b, t, h, hd = q.shape
-    kvh = keys.shape[2]
+    kvh = keys.shape[1]
     qg = q.reshape(b, t, kvh, h // kvh, hd)
-    logits = jnp.einsum("btgrk,bsgk->bgrts", qg, keys).astype(jnp.float32) / jnp.sqrt(hd).astype(jnp.float32)
+    logits = jnp.einsum("btgrk,bgsk->bgrts", qg, keys).astype(jnp.float32) / jnp.sqrt(hd).astype(jnp.float32)
     mask = key_pos[:, None, :] <= pos_bt[:, :, None]  # causal, [B,T,S]
     mask &= key_pos[:, None, :] < kv_len_b[:, None, None]
     logits = jnp.where(mask[:, None, None], logits, jnp.finfo(jnp.float32).min)
     probs = jax.nn.softmax(logits, axis=-1).astype(dt)
-    out = jnp.einsum("bgrts,bsgk->btgrk", probs, vals).reshape(b, t, h, hd)
+    # Contract into [b,g,r,t,k] and transpose the (small) result: asking the
+    # einsum for btgrk directly made XLA:CPU pick a slow dot that reads the
+    # cache transposed (40x slower per decode step at 768 slots).
+    out = jnp.einsum("bgrts,bgsk->bgrtk", probs, vals).transpose(0, 3, 1, 2, 4).reshape(b, t, h, hd)
     y = jnp.einsum("bthk,hkd->btd", out, self.wo[...].astype(dt))
     return shard(y, ("batch", "length", "embed")), k_cache, v_cache
 

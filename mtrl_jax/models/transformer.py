@@ -17,7 +17,7 @@ from mtrl_jax.models.layers import MLP, Attention, RMSNorm, _param, shard
 
 
 class KVCache(NamedTuple):
-  """Per-layer keys/values [B, S, KV, hd] and the valid length of each row.
+  """Per-layer keys/values [B, KV, S, hd] and the valid length of each row.
 
   Rows fill from slot 0 with no left padding: a token's slot is its RoPE
   position, so rows of different lengths in one batch are exact.
@@ -28,7 +28,7 @@ class KVCache(NamedTuple):
 
   @property
   def capacity(self) -> int:
-    return self.k[0].shape[1]
+    return self.k[0].shape[2]
 
 
 class Block(nnx.Module):
@@ -62,7 +62,7 @@ class Transformer(nnx.Module):
   def init_cache(self, batch: int, capacity: int, dtype=None) -> KVCache:
     cfg = self.cfg
     dtype = dtype or cfg.compute_dtype
-    shape = (batch, capacity, cfg.n_kv_heads, cfg.head_dim)
+    shape = (batch, cfg.n_kv_heads, capacity, cfg.head_dim)
     zeros = tuple(jnp.zeros(shape, dtype) for _ in range(cfg.n_layers))
     return KVCache(k=zeros, v=tuple(jnp.zeros(shape, dtype) for _ in range(cfg.n_layers)),
                    length_b=jnp.zeros((batch,), jnp.int32))
