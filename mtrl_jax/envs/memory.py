@@ -31,11 +31,14 @@ class Memory(Env):
   """Peek-or-skip, `length` distractor turns, then recall the code."""
 
   def __init__(self, length: int = 3, num_codes: int = 10, peek_cost: float = 0.05,
-               distractor: str = "echo", hint: bool = False):
+               distractor: str = "echo", hint: bool = False, code_alphabet: str = "digits"):
     """
     Args:
       length: distractor turns between the choice and the question (>= 0).
-      num_codes: size of the code alphabet (2..36: digits then capitals).
+      num_codes: size of the code alphabet.
+      code_alphabet: 'digits' (0-9 then A-Z, up to 36 codes) or 'letters'
+        (a-z, the alphabet of the echo distractors: the recall reuses the
+        copying the distractor turns already teach).
       peek_cost: reward paid (as -peek_cost) for peeking.
       distractor: 'echo' (repeat the shown letter) or 'wait' (any action is fine).
       hint: if the agent peeked, the final question repeats the code. The
@@ -45,12 +48,17 @@ class Memory(Env):
     """
     if length < 0:
       raise ValueError(f"memory: length must be >= 0, got {length}")
-    if not 2 <= num_codes <= len(CODE_SYMBOLS):
-      raise ValueError(f"memory: num_codes must be in [2, {len(CODE_SYMBOLS)}], got {num_codes}")
+    alphabets = {"digits": CODE_SYMBOLS, "letters": ECHO_SYMBOLS}
+    if code_alphabet not in alphabets:
+      raise ValueError(f"memory: code_alphabet must be one of {sorted(alphabets)}, got {code_alphabet!r}")
+    symbols = alphabets[code_alphabet]
+    if not 2 <= num_codes <= len(symbols):
+      raise ValueError(f"memory: num_codes must be in [2, {len(symbols)}] for code_alphabet="
+                       f"{code_alphabet!r}, got {num_codes}")
     if distractor not in ("echo", "wait"):
       raise ValueError(f"memory: distractor must be 'echo' or 'wait', got {distractor!r}")
     self.length = length
-    self.codes = CODE_SYMBOLS[:num_codes]
+    self.codes = symbols[:num_codes]
     self.peek_cost = float(peek_cost)
     self.distractor = distractor
     self.hint = bool(hint)

@@ -15,7 +15,9 @@ import jax.numpy as jnp
 import optax
 from flax import nnx
 
+from mtrl_jax.credit.diagnostics import per_turn_mean_std
 from mtrl_jax.credit.losses import PolicyLossConfig, policy_loss, value_loss
+from mtrl_jax.credit.regularizers import entropy_from_logits
 from mtrl_jax.models.transformer import token_logprobs
 from mtrl_jax.models.value import PolicyWithValueHead
 
@@ -82,6 +84,9 @@ def make_rl_step(policy_gd, critic_gd, tx_policy: optax.GradientTransformation,
         prox_logp_bt=batch.prox_logp_bt if decoupled else None,
         ref_logp_bt=batch.ref_logp_bt if loss_cfg.kl_coef else None,
         logits_btv=logits, turn_idx_bt=batch.turn_idx_bt, success_b=batch.success_b)
+    ent_mean_k, _, _ = per_turn_mean_std(jax.lax.stop_gradient(entropy_from_logits(logits)),
+                                         batch.turn_idx_bt, batch.loss_mask_bt, loss_cfg.max_turns)
+    diag["entropy_by_turn"] = ent_mean_k
     if head_values is not None:
       values = head_values
     elif c_params is not None and critic_gd is not None:
