@@ -86,6 +86,9 @@ class Wrapper(Env):
   def random_action(self, rng: random.Random) -> str:
     return self.env.random_action(rng)
 
+  def suboptimal_action(self, rng: random.Random) -> str:
+    return self.env.suboptimal_action(rng)
+
   def __getattr__(self, name: str) -> Any:
     # Game-specific attributes (e.g. a memory env's `code`) stay reachable.
     if name == "env":
