@@ -1,9 +1,15 @@
 """Orbax checkpoints of everything a run needs to resume exactly.
 
 One manager per workdir. Each save holds the array state (policy, critic,
-reference, optimiser states, RNG key data) and a JSON record (stage, step,
-data position, the config), so a relaunch of the same command continues where
-the last save left off, on the same or a different mesh.
+reference, optimiser states) and a JSON record (stages done, current stage
+and step, policy version, the config), so a relaunch of the same command
+continues where the last save left off, on the same or a different mesh.
+
+No RNG state or data cursor needs saving: every random draw of a run (task
+seeds, rollout keys, minibatch order, demo batches) is a pure function of
+(config.seed, stage, step), so the step in the JSON record is the data
+position and the key at once. That is what makes a resumed run end with
+bit-identical parameters (tests/train/test_main_e2e.py).
 """
 from __future__ import annotations
 
