@@ -34,9 +34,20 @@ def segment_normalize(x: jax.Array,
   Invalid entries do not enter the statistics and come out as exactly 0.
   The variance is the two-pass one (mean of squared deviations), divided by
   max(count - ddof, 1).
+
+  A segment whose valid entries are all equal normalises to exactly 0, for
+  any float32 value: each segment is first shifted by its own minimum, so its
+  entries become exact zeros. Without the shift, the float32 mean of, say,
+  eight 0.95s is one rounding step off, and that tiny deviation divided by
+  (std + eps), with std just as tiny, gives every entry a sizeable advantage.
+  The shift also makes the statistics more accurate in general (it cancels
+  the large common part of the values before summing).
   """
   w = valid.astype(jnp.float32)
-  x = jnp.where(valid, x, 0.0)
+  big = jnp.asarray(jnp.inf, x.dtype)
+  lo = jax.ops.segment_min(jnp.where(valid, x, big), seg, num_segments=num_segments)
+  lo = jnp.where(jnp.isfinite(lo), lo, 0.0)  # empty segments
+  x = jnp.where(valid, x - lo[seg], 0.0)
   cnt = jax.ops.segment_sum(w, seg, num_segments=num_segments)
   mean = jax.ops.segment_sum(w * x, seg, num_segments=num_segments)
   mean = mean / jnp.maximum(cnt, 1.0)
