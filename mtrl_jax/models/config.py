@@ -5,6 +5,8 @@ import dataclasses
 
 import jax.numpy as jnp
 
+from mtrl_jax.models.attention import ATTENTION_IMPLS
+
 _DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
 
 
@@ -29,9 +31,13 @@ class ModelConfig:
   tie_embeddings: bool = True
   dtype: str = "float32"  # activations / matmul inputs
   param_dtype: str = "float32"  # stored weights
+  # Training-path (no KV cache) attention kernel; see mtrl_jax/models/attention.py.
+  attention: str = "auto"
+  attention_block: int = 512  # q and kv block size of the blockwise / splash kernels
 
   def __post_init__(self):
-    for name in ("vocab_size", "dim", "n_layers", "n_heads", "n_kv_heads", "head_dim", "mlp_dim"):
+    for name in ("vocab_size", "dim", "n_layers", "n_heads", "n_kv_heads", "head_dim", "mlp_dim",
+                 "attention_block"):
       if getattr(self, name) <= 0:
         raise ValueError(f"ModelConfig.{name} must be positive, got {getattr(self, name)}")
     if self.n_heads % self.n_kv_heads:
@@ -40,6 +46,8 @@ class ModelConfig:
           f"ModelConfig.n_kv_heads ({self.n_kv_heads}) for grouped-query attention")
     if self.head_dim % 2:
       raise ValueError(f"ModelConfig.head_dim must be even for RoPE, got {self.head_dim}")
+    if self.attention not in ATTENTION_IMPLS:
+      raise ValueError(f"ModelConfig.attention={self.attention!r}; choose one of {ATTENTION_IMPLS}")
     for name in ("dtype", "param_dtype"):
       if getattr(self, name) not in _DTYPES:
         raise ValueError(f"ModelConfig.{name}={getattr(self, name)!r}; choose one of {sorted(_DTYPES)}")

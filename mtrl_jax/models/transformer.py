@@ -39,8 +39,9 @@ class Block(nnx.Module):
     self.mlp_norm = RMSNorm(cfg.dim, cfg.norm_eps, cfg.weight_dtype, rngs=rngs)
     self.mlp = MLP(cfg, rngs=rngs)
 
-  def __call__(self, x, pos_bt, k_cache, v_cache, write_pos_bt, kv_len_b):
-    a, k_cache, v_cache = self.attn(self.attn_norm(x), pos_bt, k_cache, v_cache, write_pos_bt, kv_len_b)
+  def __call__(self, x, pos_bt, k_cache, v_cache, write_pos_bt, kv_len_b, segment_ids_bt=None):
+    a, k_cache, v_cache = self.attn(self.attn_norm(x), pos_bt, k_cache, v_cache, write_pos_bt, kv_len_b,
+                                    segment_ids_bt)
     x = x + a.astype(x.dtype)
     x = x + self.mlp(self.mlp_norm(x)).astype(x.dtype)
     return shard(x, ("batch", "length", "embed")), k_cache, v_cache
@@ -68,7 +69,8 @@ class Transformer(nnx.Module):
                    length_b=jnp.zeros((batch,), jnp.int32))
 
   def hidden(self, tokens_bt: jax.Array, cache: KVCache | None = None,
-             n_new_b: jax.Array | None = None, positions_bt: jax.Array | None = None):
+             n_new_b: jax.Array | None = None, positions_bt: jax.Array | None = None,
+             segment_ids_bt: jax.Array | None = None):
     """Final-normed hidden states [B,T,D] (compute dtype) and the updated cache.
 
     Without a cache the T tokens attend causally to each other (right padding
@@ -76,6 +78,10 @@ class Transformer(nnx.Module):
     first n_new_b[b] tokens (default all T) after its current length; the rest
     of the row is padding whose outputs are meaningless and whose slots are
     reclaimed by the next call.
+
+    `segment_ids_bt` (int32 [B,T], no cache only) packs several sequences in a
+    row: a token attends only to earlier tokens with its own id; pass
+    `positions_bt` restarting at 0 in each segment.
     """
     b, t = tokens_bt.shape
     steps = jnp.arange(t, dtype=jnp.int32)[None, :]
@@ -92,7 +98,7 @@ class Transformer(nnx.Module):
     for i, layer in enumerate(self.layers):
       kc = None if cache is None else cache.k[i]
       vc = None if cache is None else cache.v[i]
-      x, kc, vc = layer(x, pos, kc, vc, pos, kv_len)
+      x, kc, vc = layer(x, pos, kc, vc, pos, kv_len, segment_ids_bt)
       ks.append(kc)
       vs.append(vc)
     x = self.final_norm(x)
@@ -108,8 +114,9 @@ class Transformer(nnx.Module):
     out = jnp.einsum("btd,dv->btv", h_btd.astype(dt), w.astype(dt))
     return shard(out.astype(jnp.float32), ("batch", "length", "vocab"))
 
-  def __call__(self, tokens_bt, cache: KVCache | None = None, n_new_b=None, positions_bt=None):
-    h, cache = self.hidden(tokens_bt, cache, n_new_b, positions_bt)
+  def __call__(self, tokens_bt, cache: KVCache | None = None, n_new_b=None, positions_bt=None,
+               segment_ids_bt=None):
+    h, cache = self.hidden(tokens_bt, cache, n_new_b, positions_bt, segment_ids_bt)
     return self.logits(h), cache
 
 

@@ -33,8 +33,8 @@ class Critic(nnx.Module):
     self.trunk = Transformer(cfg, rngs=rngs, lm_head=False)
     self.head = ValueHead(cfg.dim, cfg.weight_dtype, rngs=rngs)
 
-  def __call__(self, tokens_bt: jax.Array, positions_bt=None) -> jax.Array:
-    h, _ = self.trunk.hidden(tokens_bt, positions_bt=positions_bt)
+  def __call__(self, tokens_bt: jax.Array, positions_bt=None, *, segment_ids_bt=None) -> jax.Array:
+    h, _ = self.trunk.hidden(tokens_bt, positions_bt=positions_bt, segment_ids_bt=segment_ids_bt)
     return self.head(h)
 
   @classmethod
@@ -68,6 +68,6 @@ class PolicyWithValueHead(nnx.Module):
     self.policy = policy if policy is not None else Transformer(cfg, rngs=rngs)
     self.value_head = ValueHead(cfg.dim, cfg.weight_dtype, rngs=rngs)
 
-  def __call__(self, tokens_bt: jax.Array, positions_bt=None):
-    h, _ = self.policy.hidden(tokens_bt, positions_bt=positions_bt)
+  def __call__(self, tokens_bt: jax.Array, positions_bt=None, *, segment_ids_bt=None):
+    h, _ = self.policy.hidden(tokens_bt, positions_bt=positions_bt, segment_ids_bt=segment_ids_bt)
     return self.policy.logits(h), self.value_head(h)
