@@ -3,8 +3,8 @@
     PYTHONPATH=$PWD python benchmarks/attention.py [--times 256,1024,4096] [--mems 2048,8192,32768]
         [--impls xla,blockwise] [--dtype float32]
 
-Time: jitted grad of sum(out * cotangent) wrt q, k, v (batch 1, H=4, KV=2,
-hd=64), best of --reps after a warm-up. Memory: `lower().compile()
+Time: jitted grad of sum(out * cotangent) wrt q, k, v (H=4, KV=2; batch and
+head_dim from the flags, default 1 and 64), best of --reps after a warm-up. Memory: `lower().compile()
 .memory_analysis().temp_size_in_bytes` of the same function (nothing is run,
 so the big sizes cost compile time only). Prints a table, then one JSON line.
 """
@@ -27,9 +27,9 @@ def fwd_bwd(impl, block):
   return jax.jit(jax.grad(loss, argnums=(0, 1, 2)))
 
 
-def shapes(t, h, kv, hd, dtype):
-  return (jax.ShapeDtypeStruct((1, t, h, hd), dtype), jax.ShapeDtypeStruct((1, t, kv, hd), dtype),
-          jax.ShapeDtypeStruct((1, t, kv, hd), dtype), jax.ShapeDtypeStruct((1, t, h, hd), jnp.float32))
+def shapes(b, t, h, kv, hd, dtype):
+  return (jax.ShapeDtypeStruct((b, t, h, hd), dtype), jax.ShapeDtypeStruct((b, t, kv, hd), dtype),
+          jax.ShapeDtypeStruct((b, t, kv, hd), dtype), jax.ShapeDtypeStruct((b, t, h, hd), jnp.float32))
 
 
 def main():
@@ -40,14 +40,16 @@ def main():
   ap.add_argument("--dtype", default="float32")
   ap.add_argument("--block", type=int, default=512)
   ap.add_argument("--reps", type=int, default=3)
+  ap.add_argument("--batch", type=int, default=1)
+  ap.add_argument("--head_dim", type=int, default=64)
   a = ap.parse_args()
-  h, kv, hd, dtype = 4, 2, 64, jnp.dtype(a.dtype)
+  b, h, kv, hd, dtype = a.batch, 4, 2, a.head_dim, jnp.dtype(a.dtype)
   impls = a.impls.split(",")
   result = {"backend": jax.default_backend(), "device": str(jax.devices()[0]), "dtype": a.dtype,
-            "block": a.block, "time_s": {}, "temp_bytes": {}}
+            "block": a.block, "batch": b, "head_dim": hd, "time_s": {}, "temp_bytes": {}}
   rng = np.random.default_rng(0)
   for t in [int(x) for x in a.times.split(",") if x]:
-    args = [jnp.asarray(rng.standard_normal(s.shape), s.dtype) for s in shapes(t, h, kv, hd, dtype)]
+    args = [jnp.asarray(rng.standard_normal(s.shape), s.dtype) for s in shapes(b, t, h, kv, hd, dtype)]
     for impl in impls:
       f = fwd_bwd(impl, a.block)
       jax.block_until_ready(f(*args))
@@ -60,7 +62,7 @@ def main():
       print(f"fwd+bwd  T={t:6d}  {impl:10s} {best * 1e3:10.1f} ms", flush=True)
   for t in [int(x) for x in a.mems.split(",") if x]:
     for impl in impls:
-      mem = fwd_bwd(impl, a.block).lower(*shapes(t, h, kv, hd, dtype)).compile().memory_analysis()
+      mem = fwd_bwd(impl, a.block).lower(*shapes(b, t, h, kv, hd, dtype)).compile().memory_analysis()
       result["temp_bytes"][f"{impl}@{t}"] = int(mem.temp_size_in_bytes)
       print(f"temp     T={t:6d}  {impl:10s} {mem.temp_size_in_bytes / 2**20:10.1f} MiB", flush=True)
   print(json.dumps(result))

@@ -24,8 +24,8 @@ Implementations (see docs/scale.md, "Attention"):
             fp16/bf16 only; falls back to blockwise with segment ids (cuDNN's
             mask argument would be a dense [B,H,T,T] bias) or fp32 inputs.
   splash    Pallas TPU splash attention; interpreted (slow, for tests) off TPU.
-  auto      cudnn on GPU, splash on TPU; on CPU xla up to AUTO_XLA_MAX_T and
-            blockwise beyond.
+  auto      cudnn on GPU, splash on TPU; on CPU xla up to AUTO_XLA_MAX_T (512)
+            and blockwise beyond.
 """
 from __future__ import annotations
 
@@ -38,9 +38,10 @@ from jax import lax
 
 ATTENTION_IMPLS = ("auto", "xla", "cudnn", "splash", "blockwise")
 
-# On CPU, xla is faster than blockwise up to here (measured fwd+bwd, see
-# docs/scale.md); beyond it the [T,T] scores dominate memory and time.
-AUTO_XLA_MAX_T = 1024
+# On CPU the einsum is faster than blockwise up to here (fwd+bwd measured at
+# the default job's shapes, docs/scale.md); at 1024 the two are even and the
+# einsum's [B,H,T,T] scores already cost GiBs, so longer rows go blockwise.
+AUTO_XLA_MAX_T = 512
 
 # A finite "minus infinity": masked scores never become NaN through inf - inf.
 _NEG = -1e30
@@ -91,11 +92,16 @@ def attention(q_bthd, k_bskd, v_bskd, *, segment_ids_bt=None, impl="auto", block
 # ------------------------------------------------------------------ reference
 
 def xla_attention(q_bthd, k_bskd, v_bskd, segment_ids_bt=None):
-  """The plain einsum reference: full [B,KV,R,T,S] fp32 scores."""
+  """The plain einsum reference: full [B,KV,R,T,S] fp32 scores.
+
+  Laid out as the model's attention always was (kv head ahead of the key
+  axis, result transposed at the end), which XLA:CPU runs fastest.
+  """
   b, t, h, hd = q_bthd.shape
   kvh, dt = k_bskd.shape[2], q_bthd.dtype
   qg = q_bthd.reshape(b, t, kvh, h // kvh, hd)
-  logits = jnp.einsum("btgrk,bsgk->bgrts", qg, k_bskd,
+  keys, vals = k_bskd.transpose(0, 2, 1, 3), v_bskd.transpose(0, 2, 1, 3)
+  logits = jnp.einsum("btgrk,bgsk->bgrts", qg, keys,
                       preferred_element_type=jnp.float32) / jnp.sqrt(hd).astype(jnp.float32)
   idx = jnp.arange(t)
   mask = (idx[None, :] <= idx[:, None])[None]  # [1,T,S]
@@ -103,8 +109,8 @@ def xla_attention(q_bthd, k_bskd, v_bskd, segment_ids_bt=None):
     mask = mask & (segment_ids_bt[:, None, :] == segment_ids_bt[:, :, None])
   logits = jnp.where(mask[:, None, None], logits, jnp.finfo(jnp.float32).min)
   probs = jax.nn.softmax(logits, axis=-1).astype(dt)
-  out = jnp.einsum("bgrts,bsgk->btgrk", probs, v_bskd, preferred_element_type=jnp.float32)
-  return out.reshape(b, t, h, hd).astype(dt)
+  out = jnp.einsum("bgrts,bgsk->bgrtk", probs, vals, preferred_element_type=jnp.float32)
+  return out.astype(dt).transpose(0, 3, 1, 2, 4).reshape(b, t, h, hd)
 
 
 # ------------------------------------------------------------------ blockwise
@@ -277,7 +283,10 @@ def _splash_kernel(h: int, t: int, bq: int, bkv: int, interpret: bool):
   mask = sa.MultiHeadMask([sa.CausalMask((t, t)) for _ in range(h)])
   sizes = sa.BlockSizes(block_q=bq, block_kv=bkv, block_kv_compute=bkv, block_q_dkv=bq, block_kv_dkv=bkv,
                         block_kv_dkv_compute=bkv, block_q_dq=bq, block_kv_dq=bkv)
-  return sa.make_splash_mha_single_device(mask, block_sizes=sizes, interpret=interpret)
+  # The kernel holds its block-sparsity tables as arrays; built while tracing
+  # they would be the trace's (newer JAX), and the cache would leak them.
+  with jax.ensure_compile_time_eval():
+    return sa.make_splash_mha_single_device(mask, block_sizes=sizes, interpret=interpret)
 
 
 def splash_attention(q_bthd, k_bskd, v_bskd, segment_ids_bt=None, *, block_q=512, block_kv=512,

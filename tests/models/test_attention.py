@@ -87,7 +87,6 @@ def test_blockwise_matches_reference(dtype, kv, packed, blocks):
   assert_close(got, reference(q, k, v, ct, seg), TOL[dtype], f"blockwise{blocks}")
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("dtype,kv,packed", [(jnp.float32, 2, True), (jnp.bfloat16, 1, False)],
                          ids=["f32-kv2-packed", "bf16-kv1"])
 def test_splash_interpreted_matches_reference(dtype, kv, packed):
@@ -241,9 +240,9 @@ def test_model_blockwise_equals_xla():
   tokens = jnp.asarray(np.random.default_rng(4).integers(0, CFG.vocab_size, (B, T)))
   ref_logits, ref_grads = model_logits_and_grads(CFG, tokens)
   logits, grads = model_logits_and_grads(dataclasses.replace(CFG, attention="blockwise"), tokens)
-  np.testing.assert_allclose(logits, ref_logits, atol=2e-5)
-  for path, g in ref_grads.items():
-    np.testing.assert_allclose(grads[path], g, atol=2e-5, err_msg=str(path))
+  np.testing.assert_allclose(logits, ref_logits, atol=2e-5 * np.abs(ref_logits).max())
+  for path, g in ref_grads.items():  # fp32 sums in another order: relative to the largest entry
+    np.testing.assert_allclose(grads[path], g, atol=2e-5 * max(1.0, np.abs(g).max()), err_msg=str(path))
 
 
 def test_model_packed_row_equals_sequences_alone():
