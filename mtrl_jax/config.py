@@ -27,7 +27,10 @@ def base_config() -> ml_collections.ConfigDict:
       rope_theta=10_000.0, norm_eps=1e-6, qkv_bias=False, tie_embeddings=True,
       dtype="float32", param_dtype="float32",
       attention="auto",  # training-path kernel: auto | xla | cudnn | splash | blockwise
-      attention_block=512))
+      attention_block=512,
+      scan_layers=False,  # stack the blocks and scan them: compile time flat in depth
+      remat="none",  # none | full | dots | dots_no_batch (see models/config.py)
+  ))
   c.hf_dir = ""  # a local HF folder (Llama/Qwen2) to start the policy from instead
   c.critic = ml_collections.ConfigDict(dict(
       kind="separate",  # none | separate (own trunk) | head (value head on the policy trunk)

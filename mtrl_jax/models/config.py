@@ -8,6 +8,14 @@ import jax.numpy as jnp
 from mtrl_jax.models.attention import ATTENTION_IMPLS
 
 _DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
+# What a rematerialised block keeps from its forward for the backward (the
+# jax.checkpoint_policies behind each name are in transformer.py):
+#   none           no remat: every intermediate is kept (fastest, most memory)
+#   full           only the block's inputs; the whole block is recomputed
+#   dots           every matmul output; the elementwise work is recomputed
+#   dots_no_batch  matmul outputs with no batch dimension (weights-only
+#                  products), i.e. not the attention score/value products
+REMAT_POLICIES = ("none", "full", "dots", "dots_no_batch")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -34,6 +42,11 @@ class ModelConfig:
   # Training-path (no KV cache) attention kernel; see mtrl_jax/models/attention.py.
   attention: str = "auto"
   attention_block: int = 512  # q and kv block size of the blockwise / splash kernels
+  # Blocks' weights stacked on a leading "layers" axis and run by one scan, so
+  # compile time does not grow with depth. Changes the parameter tree (not
+  # the numbers): see mtrl_jax/models/layout.py to convert.
+  scan_layers: bool = False
+  remat: str = "none"  # one of REMAT_POLICIES; only the cache-free (training) forward
 
   def __post_init__(self):
     for name in ("vocab_size", "dim", "n_layers", "n_heads", "n_kv_heads", "head_dim", "mlp_dim",
@@ -51,6 +64,10 @@ class ModelConfig:
     for name in ("dtype", "param_dtype"):
       if getattr(self, name) not in _DTYPES:
         raise ValueError(f"ModelConfig.{name}={getattr(self, name)!r}; choose one of {sorted(_DTYPES)}")
+    if self.remat not in REMAT_POLICIES:
+      raise ValueError(f"ModelConfig.remat={self.remat!r}; choose one of {list(REMAT_POLICIES)}")
+    if not isinstance(self.scan_layers, bool):
+      raise ValueError(f"ModelConfig.scan_layers must be a bool, got {self.scan_layers!r}")
 
   @property
   def compute_dtype(self):

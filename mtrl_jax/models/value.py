@@ -9,6 +9,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from mtrl_jax.models import layout
 from mtrl_jax.models.config import ModelConfig
 from mtrl_jax.models.layers import _param
 from mtrl_jax.models.transformer import Transformer
@@ -46,10 +47,15 @@ class Critic(nnx.Module):
 
 
 def copy_trunk(src: Transformer, dst: Transformer) -> None:
-  """Copies every trunk parameter (embedding, blocks, final norm) src -> dst."""
+  """Copies every trunk parameter (embedding, blocks, final norm) src -> dst.
+
+  The two may differ in block layout (`ModelConfig.scan_layers`): src's
+  blocks are stacked or unstacked to dst's first.
+  """
   src_state = nnx.state(src, nnx.Param)
   dst_state = nnx.state(dst, nnx.Param)
-  src_flat = dict(nnx.to_flat_state(src_state))
+  src_flat = nnx.to_flat_state(src_state)
+  src_flat = dict(layout.stack_flat(src_flat) if dst.cfg.scan_layers else layout.unstack_flat(src_flat))
   missing = []
   for path, var in nnx.to_flat_state(dst_state):
     if path not in src_flat:

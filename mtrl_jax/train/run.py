@@ -8,6 +8,7 @@ same command continues where the last run stopped.
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import time
@@ -77,7 +78,9 @@ class Run:
     if self.c.hf_dir:
       from mtrl_jax.models.hf import config_from_hf
       with open(os.path.join(self.c.hf_dir, "config.json")) as f:
-        return config_from_hf(json.load(f), dtype=self.c.model.dtype)
+        hf_cfg = config_from_hf(json.load(f), dtype=self.c.model.dtype)
+      # How the blocks are laid out and rematerialised is ours to choose, not the checkpoint's.
+      return dataclasses.replace(hf_cfg, scan_layers=bool(self.c.model.scan_layers), remat=self.c.model.remat)
     return ModelConfig.from_dict(self.c.model)
 
   def _build_models(self):
@@ -86,7 +89,7 @@ class Run:
     seed = c.seed
     if c.hf_dir:
       from mtrl_jax.models.hf import load_policy
-      policy = load_policy(c.hf_dir, dtype=c.model.dtype)
+      policy = load_policy(c.hf_dir, dtype=c.model.dtype, scan_layers=mc.scan_layers, remat=mc.remat)
     else:
       policy = create_sharded(lambda: Transformer(mc, rngs=nnx.Rngs(seed)), self.mesh, self.rules)
     if c.critic.kind == "head":
