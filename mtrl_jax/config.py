@@ -25,7 +25,9 @@ def base_config() -> ml_collections.ConfigDict:
   c.model = ml_collections.ConfigDict(dict(
       vocab_size=264, dim=64, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=16, mlp_dim=192,
       rope_theta=10_000.0, norm_eps=1e-6, qkv_bias=False, tie_embeddings=True,
-      dtype="float32", param_dtype="float32"))
+      dtype="float32", param_dtype="float32",
+      logits_chunk=0,  # > 0: the learner's log-probs in chunks of this many positions (memory)
+  ))
   c.hf_dir = ""  # a local HF folder (Llama/Qwen2) to start the policy from instead
   c.critic = ml_collections.ConfigDict(dict(
       kind="separate",  # none | separate (own trunk) | head (value head on the policy trunk)
@@ -41,6 +43,7 @@ def base_config() -> ml_collections.ConfigDict:
   c.sft = ml_collections.ConfigDict(dict(
       steps=300, batch_size=32, lr=3e-3, warmup_steps=20, weight_decay=0.0, clip_grad=1.0,
       only_successful=False,
+      pack=False,  # several demos per row (attention kept inside each demo)
   ))
 
   c.value_pretrain = ml_collections.ConfigDict(dict(
@@ -75,6 +78,11 @@ def base_config() -> ml_collections.ConfigDict:
       dynamic_sampling=False, max_resample_rounds=2,
       overlong_buffer=0, overlong_factor=1.0,  # 0 = no overlong shaping
       max_nonfinite=3,  # stop after this many non-finite updates in a row
+      # Several sessions per row in the learner (first fit, longest first; attention
+      # kept inside each session): fewer padded tokens when lengths differ a lot.
+      pack=False,
+      pack_len=0,  # packed row length; 0 = the batch's longest sample (bucketed). With
+      # seq_mean_token_sum and no norm_len, the divisor is the packed row length.
   ))
 
   # eval/success samples at the rollout temperature; greedy=True adds eval/greedy_*.
@@ -120,6 +128,7 @@ def validate(c: ml_collections.ConfigDict, num_devices: int | None = None) -> No
             "rollout.turn_budget", "rollout.context_cap", "sft.batch_size", "eval.tasks")
   _check(c.rl.steps >= 0, "rl.steps", f"must be >= 0, got {c.rl.steps}")
   _check(c.rl.layout in LAYOUTS, "rl.layout", f"{c.rl.layout!r} not in {LAYOUTS}")
+  _check(c.rl.pack_len >= 0, "rl.pack_len", f"must be >= 0 (0 = the batch's longest sample), got {c.rl.pack_len}")
   _check(c.rl.context in CONTEXTS, "rl.context", f"{c.rl.context!r} not in {CONTEXTS}")
   _check(c.rl.aggregation in AGGREGATIONS, "rl.aggregation", f"{c.rl.aggregation!r} not in {AGGREGATIONS}")
   _check(c.rl.kl_type in KL_TYPES, "rl.kl_type", f"{c.rl.kl_type!r} not in {KL_TYPES}")

@@ -29,11 +29,17 @@ class ModelConfig:
   tie_embeddings: bool = True
   dtype: str = "float32"  # activations / matmul inputs
   param_dtype: str = "float32"  # stored weights
+  # Sequence positions per chunk when the learner turns hidden states into
+  # log-probs: [B, chunk, V] logits exist at a time instead of [B, T, V]
+  # (forward and backward). 0 = all T at once. Memory only; numbers are equal.
+  logits_chunk: int = 0
 
   def __post_init__(self):
     for name in ("vocab_size", "dim", "n_layers", "n_heads", "n_kv_heads", "head_dim", "mlp_dim"):
       if getattr(self, name) <= 0:
         raise ValueError(f"ModelConfig.{name} must be positive, got {getattr(self, name)}")
+    if self.logits_chunk < 0:
+      raise ValueError(f"ModelConfig.logits_chunk must be >= 0 (0 = unchunked), got {self.logits_chunk}")
     if self.n_heads % self.n_kv_heads:
       raise ValueError(
           f"ModelConfig.n_heads ({self.n_heads}) must be a multiple of "

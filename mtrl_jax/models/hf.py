@@ -73,7 +73,7 @@ def _rope_theta(hf_config: Mapping) -> float:
 
 
 def config_from_hf(hf_config: Mapping, dtype: str = "float32",
-                   param_dtype: str | None = None) -> ModelConfig:
+                   param_dtype: str | None = None, logits_chunk: int = 0) -> ModelConfig:
   """Maps a Llama/Qwen2 `config.json` (a dict, or a transformers config) to ModelConfig.
 
   `dtype` is the compute dtype; the weights are stored in `param_dtype`
@@ -120,6 +120,7 @@ def config_from_hf(hf_config: Mapping, dtype: str = "float32",
       tie_embeddings=bool(hf_config.get("tie_word_embeddings", False)),
       dtype=dtype,
       param_dtype=param_dtype or dtype,
+      logits_chunk=logits_chunk,
   )
 
 
@@ -245,13 +246,13 @@ def _check_unused(ckpt: Checkpoint, used: list[str], allowed_extra=()) -> None:
                      f"{' ...' if len(extra) > 8 else ''}")
 
 
-def load_policy(hf_dir: str, *, dtype: str = "float32") -> Transformer:
+def load_policy(hf_dir: str, *, dtype: str = "float32", logits_chunk: int = 0) -> Transformer:
   """A policy Transformer with the weights of a local Llama/Qwen2 folder.
 
   The module is built abstractly (no random init) and filled tensor by tensor;
   inside `jax.set_mesh` + `nnx.logical_axis_rules` each weight lands sharded.
   """
-  cfg = config_from_hf(read_hf_config(hf_dir), dtype=dtype)
+  cfg = config_from_hf(read_hf_config(hf_dir), dtype=dtype, logits_chunk=logits_chunk)
   ckpt = Checkpoint(hf_dir)
   abstract = nnx.eval_shape(lambda: Transformer(cfg, rngs=nnx.Rngs(0)))
   graphdef, params, rest = nnx.split(abstract, nnx.Param, ...)

@@ -77,7 +77,8 @@ class Run:
     if self.c.hf_dir:
       from mtrl_jax.models.hf import config_from_hf
       with open(os.path.join(self.c.hf_dir, "config.json")) as f:
-        return config_from_hf(json.load(f), dtype=self.c.model.dtype)
+        return config_from_hf(json.load(f), dtype=self.c.model.dtype,
+                              logits_chunk=self.c.model.logits_chunk)
     return ModelConfig.from_dict(self.c.model)
 
   def _build_models(self):
@@ -86,7 +87,7 @@ class Run:
     seed = c.seed
     if c.hf_dir:
       from mtrl_jax.models.hf import load_policy
-      policy = load_policy(c.hf_dir, dtype=c.model.dtype)
+      policy = load_policy(c.hf_dir, dtype=c.model.dtype, logits_chunk=c.model.logits_chunk)
     else:
       policy = create_sharded(lambda: Transformer(mc, rngs=nnx.Rngs(seed)), self.mesh, self.rules)
     if c.critic.kind == "head":
@@ -199,8 +200,10 @@ class Run:
     c, s = self.c, self.c.sft
     path = demos_lib.build_demos(c.env.name, dict(c.env.kwargs), episodes=c.demos.episodes,
                                  data_dir=self.demos_dir(), quality=c.demos.quality, seed=c.seed)
+    from mtrl_jax.parallel.batch import num_batch_shards
     batcher = DemoBatcher(demos_lib.load_demos(path), self.tok, s.batch_size, c.seed,
-                          only_successful=s.only_successful)
+                          only_successful=s.only_successful, pack=s.pack,
+                          row_multiple=num_batch_shards(self.mesh, self.rules))
     tx = optim.adamw(s.lr, s.steps, warmup_steps=s.warmup_steps, weight_decay=s.weight_decay,
                      clip_grad=s.clip_grad)
     L = self.learner
@@ -224,7 +227,8 @@ class Run:
         m = jax.device_get(met)
         if not np.isfinite(m["loss"]):
           raise NonFiniteError(f"sft step {k}: non-finite loss; lower config.sft.lr")
-        self.writer.write(k + 1, "sft", {f"sft/{n}": v for n, v in m.items()})
+        self.writer.write(k + 1, "sft", {**{f"sft/{n}": v for n, v in m.items()},
+                                         "sft/pad_fraction": batcher.pad_fraction(k)})
         prog.update(k + 1, loss=float(m["loss"]), acc=float(m["accuracy"]))
       self._set_policy(params, sampler_only, opt)
       if (k + 1) % max(c.checkpoint.every * 10, 1) == 0 and k + 1 < s.steps:
