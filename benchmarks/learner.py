@@ -115,7 +115,7 @@ def build_update(cfg, mesh, rules, batch: int, seq_len: int, *, lr: float = 1e-5
   abs_batch = RLBatch(tokens_bt=arr(i32), targets_bt=arr(i32), positions_bt=arr(i32),
                       loss_mask_bt=arr(f32), behav_logp_bt=arr(f32), prox_logp_bt=arr(f32),
                       ref_logp_bt=arr(f32), adv_bt=arr(f32), value_target_bt=arr(f32),
-                      old_value_bt=arr(f32), turn_idx_bt=arr(i32), success_b=arr(f32, False))
+                      old_value_bt=arr(f32), turn_idx_bt=arr(i32), success_bt=arr(f32))
   rep = replicated(mesh)
   flags = StepFlags(*(jax.ShapeDtypeStruct((), f32, sharding=rep) for _ in range(3)))
   loss_cfg = PolicyLossConfig(agg="token_mean", behav_cap=5.0, max_turns=16)
@@ -192,7 +192,7 @@ def run_on_device(cfg, seq_len: int, steps: int = 5) -> dict:
                   adv_bt=rng.normal(size=(1, seq_len)).astype(f), value_target_bt=np.ones((1, seq_len), f),
                   old_value_bt=np.zeros((1, seq_len), f),
                   turn_idx_bt=(np.arange(seq_len, dtype=np.int32) // 512)[None] % 16,
-                  success_b=np.ones((1,), f))
+                  success_bt=np.ones((1, seq_len), f))
   batch = jax.tree.map(jnp.asarray, batch)
   flags = StepFlags(jnp.float32(1), jnp.float32(1), jnp.float32(0))
   with sharding_context(mesh, rules):

@@ -30,6 +30,7 @@ def base_config() -> ml_collections.ConfigDict:
       attention_block=512,
       scan_layers=False,  # stack the blocks and scan them: compile time flat in depth
       remat="none",  # none | full | dots | dots_no_batch (see models/config.py)
+      logits_chunk=0,  # > 0: the learner's log-probs in chunks of this many positions (memory)
   ))
   c.hf_dir = ""  # a local HF folder (Llama/Qwen2) to start the policy from instead
   c.critic = ml_collections.ConfigDict(dict(
@@ -46,6 +47,7 @@ def base_config() -> ml_collections.ConfigDict:
   c.sft = ml_collections.ConfigDict(dict(
       steps=300, batch_size=32, lr=3e-3, warmup_steps=20, weight_decay=0.0, clip_grad=1.0,
       only_successful=False,
+      pack=False,  # several demos per row (attention kept inside each demo)
   ))
 
   c.value_pretrain = ml_collections.ConfigDict(dict(
@@ -80,6 +82,11 @@ def base_config() -> ml_collections.ConfigDict:
       dynamic_sampling=False, max_resample_rounds=2,
       overlong_buffer=0, overlong_factor=1.0,  # 0 = no overlong shaping
       max_nonfinite=3,  # stop after this many non-finite updates in a row
+      # Several sessions per row in the learner (first fit, longest first; attention
+      # kept inside each session): fewer padded tokens when lengths differ a lot.
+      pack=False,
+      pack_len=0,  # packed row length; 0 = the batch's longest sample (bucketed). With
+      # seq_mean_token_sum and no norm_len, the divisor is the packed row length.
   ))
 
   # eval/success samples at the rollout temperature; greedy=True adds eval/greedy_*.
@@ -125,6 +132,7 @@ def validate(c: ml_collections.ConfigDict, num_devices: int | None = None) -> No
             "rollout.turn_budget", "rollout.context_cap", "sft.batch_size", "eval.tasks")
   _check(c.rl.steps >= 0, "rl.steps", f"must be >= 0, got {c.rl.steps}")
   _check(c.rl.layout in LAYOUTS, "rl.layout", f"{c.rl.layout!r} not in {LAYOUTS}")
+  _check(c.rl.pack_len >= 0, "rl.pack_len", f"must be >= 0 (0 = the batch's longest sample), got {c.rl.pack_len}")
   _check(c.rl.context in CONTEXTS, "rl.context", f"{c.rl.context!r} not in {CONTEXTS}")
   _check(c.rl.aggregation in AGGREGATIONS, "rl.aggregation", f"{c.rl.aggregation!r} not in {AGGREGATIONS}")
   _check(c.rl.kl_type in KL_TYPES, "rl.kl_type", f"{c.rl.kl_type!r} not in {KL_TYPES}")

@@ -10,6 +10,7 @@ set, minus those outside the batch-wide top-rho entropy set; they form both
 numerator and denominator of the aggregation.
 """
 import dataclasses
+import functools
 from typing import Optional
 
 import jax
@@ -18,8 +19,7 @@ import jax.numpy as jnp
 from mtrl_jax.credit import diagnostics as dg
 from mtrl_jax.credit.ppo import (AGGREGATIONS, aggregate, check_clip,
                                  decoupled_ppo_loss_bt, ppo_clip_loss_bt)
-from mtrl_jax.credit.regularizers import (KL_KINDS, entropy_from_logits,
-                                          kl_estimate, nll_mask)
+from mtrl_jax.credit.regularizers import KL_KINDS, kl_estimate, nll_mask
 from mtrl_jax.credit.token_mask import high_entropy_mask
 
 
@@ -70,8 +70,8 @@ class PolicyLossConfig:
 
 
 def policy_loss(cfg: PolicyLossConfig, logp_bt, behav_logp_bt, adv_bt, mask_bt, *,
-                prox_logp_bt=None, ref_logp_bt=None, entropy_bt=None, logits_btv=None,
-                turn_idx_bt=None, success_b=None):
+                prox_logp_bt=None, ref_logp_bt=None, entropy_bt=None,
+                turn_idx_bt=None, success_b=None, segment_ids_bt=None):
   """Policy loss and its diagnostics.
 
   Args:
@@ -84,10 +84,14 @@ def policy_loss(cfg: PolicyLossConfig, logp_bt, behav_logp_bt, adv_bt, mask_bt, 
     prox_logp_bt: log-probs recomputed by the learner before the update;
       given, the loss is decoupled PPO.
     ref_logp_bt: reference-policy log-probs (needed when kl_coef > 0).
-    entropy_bt / logits_btv: per-token entropy, or logits to compute it
-      (needed when ent_coef > 0 or entropy_top_rho is set).
+    entropy_bt: per-token entropy of pi_theta, differentiable (needed when
+      ent_coef > 0 or entropy_top_rho is set). Per token rather than logits
+      so the caller can compute it in vocabulary chunks.
     turn_idx_bt: turn index per token, for the per-turn advantage stats.
-    success_b: per-row success flag (needed when nll_coef > 0).
+    success_b: success flag per row [B], or per token [B, T] when rows
+      hold several sessions (needed when nll_coef > 0).
+    segment_ids_bt: the sequence of each token when several share a row
+      (packing); the per-sequence aggregations then count segments, not rows.
 
   Returns:
     (loss scalar, diagnostics dict of scalars and [max_turns] arrays).
@@ -105,30 +109,30 @@ def policy_loss(cfg: PolicyLossConfig, logp_bt, behav_logp_bt, adv_bt, mask_bt, 
     keep = flags["keep"]
   cap_dropped = m & ~keep
 
-  if entropy_bt is None and logits_btv is not None:
-    entropy_bt = entropy_from_logits(logits_btv)
   needs_entropy = cfg.ent_coef != 0.0 or cfg.entropy_top_rho is not None
   if needs_entropy and entropy_bt is None:
-    raise ValueError("ent_coef / entropy_top_rho need entropy_bt or logits_btv")
+    raise ValueError("ent_coef / entropy_top_rho need entropy_bt")
   ent_dropped = jnp.zeros_like(m)
   if cfg.entropy_top_rho is not None:
     top = high_entropy_mask(entropy_bt, m, cfg.entropy_top_rho)
     ent_dropped = m & ~top
     keep = keep & top
 
-  pg = aggregate(pg_bt, keep, cfg.agg, cfg.norm_len)
+  agg = functools.partial(aggregate, mode=cfg.agg, norm_len=cfg.norm_len,
+                          segment_ids_bt=segment_ids_bt)
+  pg = agg(pg_bt, keep)
   loss = pg
   diag = {"pg_loss": pg}
   if cfg.kl_coef != 0.0:
     if ref_logp_bt is None:
       raise ValueError("kl_coef != 0 needs ref_logp_bt")
   if ref_logp_bt is not None:
-    kl = aggregate(kl_estimate(logp_bt, ref_logp_bt, m, cfg.kl_kind), m, cfg.agg, cfg.norm_len)
+    kl = agg(kl_estimate(logp_bt, ref_logp_bt, m, cfg.kl_kind), m)
     diag["kl_ref"] = kl
     if cfg.kl_coef != 0.0:
       loss = loss + cfg.kl_coef * kl
   if entropy_bt is not None:
-    ent = aggregate(entropy_bt, m, cfg.agg, cfg.norm_len)
+    ent = agg(entropy_bt, m)
     diag["entropy"] = jax.lax.stop_gradient(ent)
     if cfg.ent_coef != 0.0:
       loss = loss - cfg.ent_coef * ent
@@ -136,7 +140,7 @@ def policy_loss(cfg: PolicyLossConfig, logp_bt, behav_logp_bt, adv_bt, mask_bt, 
     if success_b is None:
       raise ValueError("nll_coef != 0 needs success_b")
     nm = nll_mask(m, success_b)
-    nll = aggregate(-jnp.where(nm, logp_bt, 0.0), nm, cfg.agg, cfg.norm_len)
+    nll = agg(-jnp.where(nm, logp_bt, 0.0), nm)
     diag["nll"] = nll
     loss = loss + cfg.nll_coef * nll
 
@@ -162,7 +166,7 @@ def policy_loss(cfg: PolicyLossConfig, logp_bt, behav_logp_bt, adv_bt, mask_bt, 
 
 
 def value_loss(value_bt, old_value_bt, target_bt, mask_bt, *, clip_eps: Optional[float] = 0.2,
-               agg: str = "token_mean", norm_len=None):
+               agg: str = "token_mean", norm_len=None, segment_ids_bt=None):
   """0.5 * max((V - Vt)^2, (clip(V, Vold - eps, Vold + eps) - Vt)^2), masked.
 
   clip_eps=None gives the plain 0.5 * (V - Vt)^2. Returns (loss, diagnostics)
@@ -181,7 +185,7 @@ def value_loss(value_bt, old_value_bt, target_bt, mask_bt, *, clip_eps: Optional
     err_clip = jnp.square(v_clip - tgt)
     per_tok = 0.5 * jnp.maximum(err, err_clip)
     clipped = m & (err_clip > err)
-  loss = aggregate(per_tok, m, agg, norm_len)
+  loss = aggregate(per_tok, m, agg, norm_len, segment_ids_bt)
   diag = {
       "value_loss": loss,
       "value_clip_frac": dg.masked_fraction(clipped, m),
@@ -192,7 +196,8 @@ def value_loss(value_bt, old_value_bt, target_bt, mask_bt, *, clip_eps: Optional
   return loss, diag
 
 
-def nll_loss(logp_bt, mask_bt, success_b, agg: str = "token_mean", norm_len=None):
+def nll_loss(logp_bt, mask_bt, success_b, agg: str = "token_mean", norm_len=None,
+             segment_ids_bt=None):
   """VAPO's L_NTP: negative log-likelihood of successful sessions' tokens."""
   nm = nll_mask(mask_bt, success_b)
-  return aggregate(-jnp.where(nm, logp_bt, 0.0), nm, agg, norm_len)
+  return aggregate(-jnp.where(nm, logp_bt, 0.0), nm, agg, norm_len, segment_ids_bt)

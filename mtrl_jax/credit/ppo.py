@@ -79,7 +79,8 @@ def decoupled_ppo_loss_bt(logp_bt, prox_logp_bt, behav_logp_bt, adv_bt, mask_bt,
   return jnp.where(keep, w * loss, 0.0), flags
 
 
-def aggregate(loss_bt, mask_bt, mode: str = "token_mean", norm_len=None) -> jax.Array:
+def aggregate(loss_bt, mask_bt, mode: str = "token_mean", norm_len=None,
+              segment_ids_bt=None) -> jax.Array:
   """Reduces a per-token loss to a scalar over mask-1 tokens.
 
   token_mean: sum over all tokens / their number (DAPO).
@@ -87,6 +88,10 @@ def aggregate(loss_bt, mask_bt, mode: str = "token_mean", norm_len=None) -> jax.
     with at least one token (classic GRPO).
   seq_mean_token_sum: per row sum / norm_len (a constant, default T: Dr.
     GRPO's length-unbiased form), then mean over rows with tokens.
+  segment_ids_bt: when several sequences share a row (packing), the
+    sequence of each token (ids unique within a row); the per-sequence
+    modes then treat each (row, segment) as a sequence. norm_len should be
+    given then: the default T is the packed row length.
   """
   if mode not in AGGREGATIONS:
     raise ValueError(f"unknown aggregation {mode!r}; valid: {AGGREGATIONS}")
@@ -94,6 +99,19 @@ def aggregate(loss_bt, mask_bt, mode: str = "token_mean", norm_len=None) -> jax.
   loss = jnp.where(m, loss_bt, 0.0)
   if mode == "token_mean":
     return jnp.sum(loss) / jnp.maximum(jnp.sum(m), 1)
+  if segment_ids_bt is not None:
+    b, t = loss.shape
+    # A flat id per (row, segment); ids in [0, T] (0 = padding) so b * (T + 1) + id is unique.
+    seg = jnp.clip(jnp.asarray(segment_ids_bt, jnp.int32), 0, t)
+    flat = (jnp.arange(b, dtype=jnp.int32)[:, None] * (t + 1) + seg).reshape(-1)
+    n = b * (t + 1)
+    seg_sum = jax.ops.segment_sum(loss.reshape(-1), flat, num_segments=n)
+    seg_cnt = jax.ops.segment_sum(m.reshape(-1).astype(jnp.int32), flat, num_segments=n)
+    # The same reduction as below, over segments instead of rows.
+    per_seq = (seg_sum / jnp.maximum(seg_cnt, 1) if mode == "seq_mean_token_mean"
+               else seg_sum / (t if norm_len is None else norm_len))
+    seqs = seg_cnt > 0
+    return jnp.sum(jnp.where(seqs, per_seq, 0.0)) / jnp.maximum(jnp.sum(seqs), 1)
   cnt_b = jnp.sum(m, axis=1)
   if mode == "seq_mean_token_mean":
     per_row = jnp.sum(loss, axis=1) / jnp.maximum(cnt_b, 1)

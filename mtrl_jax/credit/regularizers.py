@@ -37,5 +37,9 @@ def entropy_from_logits(logits_btv) -> jax.Array:
 
 
 def nll_mask(mask_bt, success_b) -> jax.Array:
-  """Action tokens of successful sessions: where VAPO's NLL term applies."""
-  return (mask_bt > 0) & (jnp.asarray(success_b) > 0)[:, None]
+  """Action tokens of successful sessions: where VAPO's NLL term applies.
+
+  success_b is per row [B], or per token [B, T] (rows holding several sessions).
+  """
+  ok = jnp.asarray(success_b) > 0
+  return (mask_bt > 0) & (ok if ok.ndim == 2 else ok[:, None])

@@ -18,6 +18,11 @@ _DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.floa
 REMAT_POLICIES = ("none", "full", "dots", "dots_no_batch")
 
 
+# Fields that say how the model runs, not what it computes: a Hugging Face
+# checkpoint fixes every other field, these stay the user's choice.
+RUNTIME_FIELDS = ("attention", "attention_block", "scan_layers", "remat", "logits_chunk")
+
+
 @dataclasses.dataclass(frozen=True)
 class ModelConfig:
   """Everything that fixes a decoder's parameter shapes and arithmetic.
@@ -47,12 +52,18 @@ class ModelConfig:
   # the numbers): see mtrl_jax/models/layout.py to convert.
   scan_layers: bool = False
   remat: str = "none"  # one of REMAT_POLICIES; only the cache-free (training) forward
+  # Sequence positions per chunk when the learner turns hidden states into
+  # log-probs: [B, chunk, V] logits exist at a time instead of [B, T, V]
+  # (forward and backward). 0 = all T at once. Memory only; numbers are equal.
+  logits_chunk: int = 0
 
   def __post_init__(self):
     for name in ("vocab_size", "dim", "n_layers", "n_heads", "n_kv_heads", "head_dim", "mlp_dim",
                  "attention_block"):
       if getattr(self, name) <= 0:
         raise ValueError(f"ModelConfig.{name} must be positive, got {getattr(self, name)}")
+    if self.logits_chunk < 0:
+      raise ValueError(f"ModelConfig.logits_chunk must be >= 0 (0 = unchunked), got {self.logits_chunk}")
     if self.n_heads % self.n_kv_heads:
       raise ValueError(
           f"ModelConfig.n_heads ({self.n_heads}) must be a multiple of "

@@ -74,7 +74,7 @@ def _rope_theta(hf_config: Mapping) -> float:
 
 
 def config_from_hf(hf_config: Mapping, dtype: str = "float32",
-                   param_dtype: str | None = None) -> ModelConfig:
+                   param_dtype: str | None = None, logits_chunk: int = 0) -> ModelConfig:
   """Maps a Llama/Qwen2 `config.json` (a dict, or a transformers config) to ModelConfig.
 
   `dtype` is the compute dtype; the weights are stored in `param_dtype`
@@ -121,6 +121,7 @@ def config_from_hf(hf_config: Mapping, dtype: str = "float32",
       tie_embeddings=bool(hf_config.get("tie_word_embeddings", False)),
       dtype=dtype,
       param_dtype=param_dtype or dtype,
+      logits_chunk=logits_chunk,
   )
 
 
@@ -264,8 +265,7 @@ def _check_unused(ckpt: Checkpoint, used: list[str], allowed_extra=()) -> None:
                      f"{' ...' if len(extra) > 8 else ''}")
 
 
-def load_policy(hf_dir: str, *, dtype: str = "float32", scan_layers: bool = False,
-                remat: str = "none") -> Transformer:
+def load_policy(hf_dir: str, *, dtype: str = "float32", **switches) -> Transformer:
   """A policy Transformer with the weights of a local Llama/Qwen2 folder.
 
   The module is built abstractly (no random init) and filled tensor by tensor;
@@ -273,8 +273,7 @@ def load_policy(hf_dir: str, *, dtype: str = "float32", scan_layers: bool = Fals
   `scan_layers`/`remat` are ours, not the checkpoint's (see ModelConfig); with
   scan_layers the per-layer HF tensors are stacked into the layer axis.
   """
-  cfg = dataclasses.replace(config_from_hf(read_hf_config(hf_dir), dtype=dtype),
-                            scan_layers=scan_layers, remat=remat)
+  cfg = dataclasses.replace(config_from_hf(read_hf_config(hf_dir), dtype=dtype), **switches)
   ckpt = Checkpoint(hf_dir)
   abstract = nnx.eval_shape(lambda: Transformer(cfg, rngs=nnx.Rngs(0)))
   graphdef, params, rest = nnx.split(abstract, nnx.Param, ...)

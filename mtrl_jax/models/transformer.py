@@ -161,14 +161,16 @@ class Transformer(nnx.Module):
     x, (ks, vs) = jax.lax.scan(body, x, (params, ks, vs))
     return x, ks, vs
 
-  def logits(self, h_btd: jax.Array) -> jax.Array:
-    """Vocabulary logits in fp32 (log-probs must not be bf16-rounded)."""
+  def unembedding(self) -> jax.Array:
+    """The output projection [D, V] in the compute dtype (the tied embedding or lm_head)."""
     if not self.has_lm_head:
       raise ValueError("this Transformer was built with lm_head=False (a critic trunk)")
-    dt = self.cfg.compute_dtype
     w = self.embed[...].T if self.cfg.tie_embeddings else self.lm_head[...]
-    out = jnp.einsum("btd,dv->btv", h_btd.astype(dt), w.astype(dt))
-    return shard(out.astype(jnp.float32), ("batch", "length", "vocab"))
+    return w.astype(self.cfg.compute_dtype)
+
+  def logits(self, h_btd: jax.Array) -> jax.Array:
+    """Vocabulary logits in fp32 (log-probs must not be bf16-rounded)."""
+    return project_logits(h_btd, self.unembedding())
 
   def __call__(self, tokens_bt, cache: KVCache | None = None, n_new_b=None, positions_bt=None,
                segment_ids_bt=None):
@@ -192,6 +194,12 @@ def with_layout(model: "Transformer", scan_layers: bool) -> "Transformer":
   target = nnx.eval_shape(lambda: Transformer(cfg, rngs=nnx.Rngs(0), lm_head=model.has_lm_head))
   graphdef, _ = nnx.split(target)
   return nnx.merge(graphdef, layout.to_layout(nnx.state(model), scan_layers))
+
+
+def project_logits(h_btd: jax.Array, w_dv: jax.Array) -> jax.Array:
+  """h @ W in W's dtype, returned in fp32 and sharded over the vocabulary."""
+  out = jnp.einsum("btd,dv->btv", h_btd.astype(w_dv.dtype), w_dv)
+  return shard(out.astype(jnp.float32), ("batch", "length", "vocab"))
 
 
 def token_logprobs(logits_btv: jax.Array, targets_bt: jax.Array) -> jax.Array:

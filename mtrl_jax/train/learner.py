@@ -27,6 +27,7 @@ from mtrl_jax.parallel.sharded_init import state_shardings
 from mtrl_jax.parallel.sharded_step import (init_opt_state, opt_state_shardings, replicated,
                                             sharding_context)
 from mtrl_jax.rollout.packing import PackedBatch, pack_sessions
+from mtrl_jax.rollout.row_packing import RowPlan, pack_per_sample, pack_rows, plan_rows, unpack_rows
 from mtrl_jax.rollout.session import Session
 from mtrl_jax.train import optim
 from mtrl_jax.train.rl_step import LearnerState, RLBatch, StepFlags, make_rl_step, make_score_fn
@@ -107,16 +108,55 @@ class Learner:
                          batch_multiple=multiple, pad_id=getattr(self.tokenizer, "pad_id", 0),
                          length_buckets=buckets)
 
+  def _row_plan(self, pb: PackedBatch) -> Optional[RowPlan]:
+    """With config.rl.pack, where each sample goes in rows holding several (None: one per row)."""
+    if not self.c.rl.pack:
+      return None
+    multiple = self.c.rl.minibatches * num_batch_shards(self.mesh, self.rules)
+    # Rows as long as the one-per-row batch's (fewer rows, same attention
+    # span), or rl.pack_len if longer.
+    row_len = max(int(self.c.rl.pack_len), pb.tokens_bt.shape[1])
+    return plan_rows(pb.length_b, row_len, row_multiple=multiple)
+
   def _put(self, tree):
     return shard_batch(tree, self.mesh, self.rules)
 
   # ------------------------------------------------------------------ scoring
-  def score(self, pb: PackedBatch):
-    """Proximal log-probs, reference log-probs and values for a packed batch."""
+  def score(self, pb: PackedBatch, plan: Optional[RowPlan] = None):
+    """Proximal log-probs, reference log-probs and values, [B, T] host arrays of the batch `pb`.
+
+    With a row plan the forward runs on packed rows (attention kept inside
+    each segment) and the results are unpacked to pb's one-sample-per-row
+    layout (0 beyond each sample's length).
+    """
+    pad = getattr(self.tokenizer, "pad_id", 0)
     with sharding_context(self.mesh, self.rules):
-      dev = self._put((pb.tokens_bt, pb.targets_bt, pb.positions_bt))
+      if plan is None:
+        dev = self._put((pb.tokens_bt, pb.targets_bt, pb.positions_bt))
+      else:
+        dev = self._put((pack_rows(pb.tokens_bt, plan, pad), pack_rows(pb.targets_bt, plan, pad),
+                         pack_rows(pb.positions_bt, plan), plan.segment_ids_rl))
       critic = self.state.critic if self.critic_gd is not None else None
-      return self._score(self.state.policy, critic, self.ref_params, *dev)
+      out = jax.device_get(self._score(self.state.policy, critic, self.ref_params, *dev))
+    if plan is None:
+      return tuple(np.asarray(x) for x in out)
+    return tuple(unpack_rows(x, plan, pb.tokens_bt.shape[1]) for x in out)
+
+  def rl_batch(self, pb: PackedBatch, plan: Optional[RowPlan], prox, ref, adv, target, values) -> RLBatch:
+    """The update's per-token fields ([B, T] host arrays) in the layout the step trains on."""
+    per_token = dict(
+        tokens_bt=pb.tokens_bt, targets_bt=pb.targets_bt, positions_bt=pb.positions_bt,
+        loss_mask_bt=pb.loss_mask_bt, behav_logp_bt=pb.behav_logp_bt,
+        prox_logp_bt=np.asarray(prox), ref_logp_bt=np.asarray(ref), adv_bt=np.asarray(adv),
+        value_target_bt=np.asarray(target), old_value_bt=np.asarray(values),
+        turn_idx_bt=pb.turn_idx_bt,
+        success_bt=np.broadcast_to(pb.success_b[:, None], pb.tokens_bt.shape).copy())
+    if plan is None:
+      return RLBatch(**per_token)
+    pad = getattr(self.tokenizer, "pad_id", 0)
+    packed = {k: pack_rows(v, plan, pad if k in ("tokens_bt", "targets_bt") else 0)
+              for k, v in per_token.items()}
+    return RLBatch(**packed, segment_ids_bt=plan.segment_ids_rl)
 
   def advantages(self, pb: PackedBatch, values_bt, logp_bt=None, ref_logp_bt=None):
     rl = self.c.rl
@@ -158,21 +198,21 @@ class Learner:
       logging.warning("update %d: no trainable sessions; skipping", step)
       return {**stats, "update/skipped": 1.0}
     pb = self._pack(trainable)
-    prox, ref, values = self.score(pb)
+    # Credit is per session: score (packed rows if rl.pack) -> unpack -> advantages
+    # and targets in pb's one-session-per-row layout -> repack for the update.
+    plan = self._row_plan(pb)
+    prox, ref, values = self.score(pb, plan)
     adv, target = self.advantages(pb, values, prox, ref)
-    full = RLBatch(
-        tokens_bt=pb.tokens_bt, targets_bt=pb.targets_bt, positions_bt=pb.positions_bt,
-        loss_mask_bt=pb.loss_mask_bt, behav_logp_bt=pb.behav_logp_bt,
-        prox_logp_bt=np.asarray(prox), ref_logp_bt=np.asarray(ref), adv_bt=np.asarray(adv),
-        value_target_bt=np.asarray(target), old_value_bt=np.asarray(values),
-        turn_idx_bt=pb.turn_idx_bt, success_b=pb.success_b)
+    full = self.rl_batch(pb, plan, prox, ref, adv, target, values)
+    rows, row_len = full.tokens_bt.shape
+    stats["batch/pad_fraction"] = 1.0 - float(np.sum(pb.length_b)) / (rows * row_len)
     if self.has_values:
       # Held-out fit of the critic: values from before this update's epochs.
       stats["value/explained_variance_before"] = _explained_variance(
           np.asarray(values), np.asarray(target), pb.loss_mask_bt)
     flags = StepFlags(jnp.float32(train_policy), jnp.float32(train_critic and self.has_values),
                       jnp.float32(poison))
-    b = pb.tokens_bt.shape[0]
+    b = rows
     mb = b // rl.minibatches
     rng = np.random.default_rng([c.seed, step, 17])
     metrics_acc: list = []
@@ -206,7 +246,7 @@ class Learner:
     out["update/nonfinite_total"] = self.nonfinite_total
     out["update/seconds"] = time.time() - t0
     out["update/batch_rows"] = b
-    out["update/seq_len"] = pb.tokens_bt.shape[1]
+    out["update/seq_len"] = row_len
     out["update/ratio_prox_behav_max"] = float(_masked_max(np.exp(np.asarray(prox) - pb.behav_logp_bt),
                                                            pb.loss_mask_bt))
     return out

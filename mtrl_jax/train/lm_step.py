@@ -17,7 +17,8 @@ import optax
 from flax import nnx
 from jax.sharding import Mesh
 
-from mtrl_jax.models.transformer import Transformer, token_logprobs
+from mtrl_jax.models.logprobs import token_stats
+from mtrl_jax.models.transformer import Transformer
 from mtrl_jax.parallel.batch import shard_batch
 from mtrl_jax.parallel.rules import Rules
 from mtrl_jax.parallel.sharded_init import create_sharded, state_shardings
@@ -30,9 +31,14 @@ class LMBatch(NamedTuple):
 
   loss_mask_bt[b, t] = 1 makes token t a target predicted from tokens < t
   (so column 0 never counts); padding and observation tokens carry 0.
+  With several sequences per row (packing), segment_ids_bt gives each
+  token's sequence (1, 2, ...; 0 on padding) and positions_bt its position
+  within it; a token is then never a target across a segment boundary.
   """
   tokens_bt: Any  # int32 [B, T]
   loss_mask_bt: Any  # [B, T], 0/1 (any numeric dtype)
+  positions_bt: Any = None  # int32 [B, T] or None (= 0..T-1)
+  segment_ids_bt: Any = None  # int32 [B, T] or None (one sequence per row)
 
 
 def lm_loss(model: Transformer, batch: LMBatch) -> tuple:
@@ -41,16 +47,21 @@ def lm_loss(model: Transformer, batch: LMBatch) -> tuple:
   Every counted token weighs the same, whatever its row's length. Returns
   (loss, {"n_tokens", "accuracy"}).
   """
-  tokens = batch.tokens_bt
-  logits_btv, _ = model(tokens[:, :-1])
+  tokens, seg = batch.tokens_bt, batch.segment_ids_bt
+  packed = {} if seg is None else dict(positions_bt=batch.positions_bt[:, :-1],
+                                       segment_ids_bt=seg[:, :-1])
+  h_btd, _ = model.hidden(tokens[:, :-1], **packed)
   targets_bt = tokens[:, 1:]
   mask_bt = batch.loss_mask_bt[:, 1:].astype(jnp.float32)
-  logp_bt = token_logprobs(logits_btv, targets_bt)
+  if seg is not None:
+    mask_bt = mask_bt * (seg[:, 1:] == seg[:, :-1])
+  # Log-probs and argmax-correctness straight from the hidden states, in
+  # chunks of model.cfg.logits_chunk positions: no whole [B, T, V] logits.
+  stats = token_stats(model, h_btd, targets_bt)
   n_tokens = jnp.sum(mask_bt)
   denom = jnp.maximum(n_tokens, 1.0)
-  loss = -jnp.sum(logp_bt * mask_bt) / denom
-  correct_bt = (jnp.argmax(logits_btv, axis=-1) == targets_bt).astype(jnp.float32)
-  return loss, {"n_tokens": n_tokens, "accuracy": jnp.sum(correct_bt * mask_bt) / denom}
+  loss = -jnp.sum(stats.logp_bt * mask_bt) / denom
+  return loss, {"n_tokens": n_tokens, "accuracy": jnp.sum(stats.correct_bt * mask_bt) / denom}
 
 
 def lm_loss_fn(graphdef: nnx.GraphDef) -> Callable:

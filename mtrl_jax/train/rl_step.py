@@ -17,8 +17,7 @@ from flax import nnx
 
 from mtrl_jax.credit.diagnostics import per_turn_mean_std
 from mtrl_jax.credit.losses import PolicyLossConfig, policy_loss, value_loss
-from mtrl_jax.credit.regularizers import entropy_from_logits
-from mtrl_jax.models.transformer import token_logprobs
+from mtrl_jax.models.logprobs import TokenStats, token_stats
 from mtrl_jax.models.value import PolicyWithValueHead
 
 
@@ -42,7 +41,10 @@ class RLBatch(NamedTuple):
   value_target_bt: jax.Array
   old_value_bt: jax.Array
   turn_idx_bt: jax.Array
-  success_b: jax.Array
+  success_bt: jax.Array  # the success (0/1) of each token's session
+  # With several sessions per row (config.rl.pack): the session of each token
+  # within its row (1, 2, ...; 0 on padding). None = one session per row.
+  segment_ids_bt: Optional[jax.Array] = None
 
 
 class StepFlags(NamedTuple):
@@ -52,17 +54,28 @@ class StepFlags(NamedTuple):
   poison: jax.Array  # added to the loss; NaN injects a non-finite update in tests
 
 
-def forward(graphdef, params, tokens_bt, positions_bt):
-  """(logits fp32, values or None) of a policy that may carry a value head."""
+def _segments(segment_ids_bt) -> dict:
+  return {} if segment_ids_bt is None else {"segment_ids_bt": segment_ids_bt}
+
+
+def forward(graphdef, params, tokens_bt, targets_bt, positions_bt,
+            segment_ids_bt=None) -> tuple[TokenStats, Any]:
+  """(per-token TokenStats of the targets, values or None) of a policy that may carry a value head.
+
+  The vocabulary logits are reduced to log-probs / entropy in chunks of
+  `cfg.logits_chunk` positions (models/logprobs.py): [B, T, V] never exists whole.
+  """
   model = nnx.merge(graphdef, params)
+  seg = _segments(segment_ids_bt)
   if isinstance(model, PolicyWithValueHead):
-    return model(tokens_bt, positions_bt=positions_bt)
-  logits, _ = model(tokens_bt, positions_bt=positions_bt)
-  return logits, None
+    h, _ = model.policy.hidden(tokens_bt, positions_bt=positions_bt, **seg)
+    return token_stats(model.policy, h, targets_bt), model.value_head(h)
+  h, _ = model.hidden(tokens_bt, positions_bt=positions_bt, **seg)
+  return token_stats(model, h, targets_bt), None
 
 
-def critic_values(graphdef, params, tokens_bt, positions_bt):
-  return nnx.merge(graphdef, params)(tokens_bt, positions_bt=positions_bt)
+def critic_values(graphdef, params, tokens_bt, positions_bt, segment_ids_bt=None):
+  return nnx.merge(graphdef, params)(tokens_bt, positions_bt=positions_bt, **_segments(segment_ids_bt))
 
 
 def _keep_if(ok, new, old):
@@ -77,20 +90,22 @@ def make_rl_step(policy_gd, critic_gd, tx_policy: optax.GradientTransformation,
 
   def loss_fn(params, batch: RLBatch, flags: StepFlags):
     p_params, c_params = params
-    logits, head_values = forward(policy_gd, p_params, batch.tokens_bt, batch.positions_bt)
-    logp = token_logprobs(logits, batch.targets_bt)
+    seg = batch.segment_ids_bt
+    stats, head_values = forward(policy_gd, p_params, batch.tokens_bt, batch.targets_bt,
+                                 batch.positions_bt, seg)
     p_loss, diag = policy_loss(
-        loss_cfg, logp, batch.behav_logp_bt, batch.adv_bt, batch.loss_mask_bt,
+        loss_cfg, stats.logp_bt, batch.behav_logp_bt, batch.adv_bt, batch.loss_mask_bt,
         prox_logp_bt=batch.prox_logp_bt if decoupled else None,
         ref_logp_bt=batch.ref_logp_bt if loss_cfg.kl_coef else None,
-        logits_btv=logits, turn_idx_bt=batch.turn_idx_bt, success_b=batch.success_b)
-    ent_mean_k, _, _ = per_turn_mean_std(jax.lax.stop_gradient(entropy_from_logits(logits)),
+        entropy_bt=stats.entropy_bt, turn_idx_bt=batch.turn_idx_bt, success_b=batch.success_bt,
+        segment_ids_bt=seg)
+    ent_mean_k, _, _ = per_turn_mean_std(jax.lax.stop_gradient(stats.entropy_bt),
                                          batch.turn_idx_bt, batch.loss_mask_bt, loss_cfg.max_turns)
     diag["entropy_by_turn"] = ent_mean_k
     if head_values is not None:
       values = head_values
     elif c_params is not None and critic_gd is not None:
-      values = critic_values(critic_gd, c_params, batch.tokens_bt, batch.positions_bt)
+      values = critic_values(critic_gd, c_params, batch.tokens_bt, batch.positions_bt, seg)
     else:
       values = None
     total = flags.train_policy * p_loss
@@ -144,23 +159,24 @@ def _mask_head_update(state, new_p, opt_p, flags):
 
 
 def make_score_fn(policy_gd, critic_gd, ref_gd=None) -> Callable:
-  """fn(policy, critic, ref, tokens, targets, positions) -> (logp, ref_logp, values), no gradients.
+  """fn(policy, critic, ref, tokens, targets, positions, segment_ids=None) -> (logp, ref_logp, values).
 
   The learner's proximal log-probs (decoupled PPO), the reference log-probs
   (KL) and the critic's values, all computed once before the update epochs.
   """
 
-  def score(p_params, c_params, ref_params, tokens_bt, targets_bt, positions_bt):
-    logits, head_v = forward(policy_gd, p_params, tokens_bt, positions_bt)
-    logp = token_logprobs(logits, targets_bt)
+  def score(p_params, c_params, ref_params, tokens_bt, targets_bt, positions_bt, segment_ids_bt=None):
+    stats, head_v = forward(policy_gd, p_params, tokens_bt, targets_bt, positions_bt, segment_ids_bt)
+    logp = stats.logp_bt
     ref_logp = jnp.zeros_like(logp)
     if ref_params is not None:
-      ref_logits, _ = forward(ref_gd if ref_gd is not None else policy_gd, ref_params, tokens_bt, positions_bt)
-      ref_logp = token_logprobs(ref_logits, targets_bt)
+      ref_stats, _ = forward(ref_gd if ref_gd is not None else policy_gd, ref_params, tokens_bt,
+                             targets_bt, positions_bt, segment_ids_bt)
+      ref_logp = ref_stats.logp_bt
     if head_v is not None:
       values = head_v
     elif critic_gd is not None:
-      values = critic_values(critic_gd, c_params, tokens_bt, positions_bt)
+      values = critic_values(critic_gd, c_params, tokens_bt, positions_bt, segment_ids_bt)
     else:
       values = jnp.zeros_like(logp)
     return logp, ref_logp, values

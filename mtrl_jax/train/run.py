@@ -23,7 +23,7 @@ from mtrl_jax import config as config_lib
 from mtrl_jax.data import demos as demos_lib
 from mtrl_jax.envs import registry as env_registry
 from mtrl_jax.metrics import MetricsWriter, Progress, say
-from mtrl_jax.models.config import ModelConfig
+from mtrl_jax.models.config import RUNTIME_FIELDS, ModelConfig
 from mtrl_jax.models.tokenizer import ByteTokenizer, HFTokenizer
 from mtrl_jax.models.transformer import Transformer
 from mtrl_jax.models.value import Critic, PolicyWithValueHead
@@ -74,13 +74,18 @@ class Run:
         json.dump(_jsonable(c), f, indent=1)
 
   # ---------------------------------------------------------------- models
+  def _switches(self) -> dict:
+    """The model's runtime fields (attention kernel, layout, remat, chunking) from config.model."""
+    return {k: self.c.model[k] for k in RUNTIME_FIELDS}
+
   def _model_cfg(self) -> ModelConfig:
     if self.c.hf_dir:
       from mtrl_jax.models.hf import config_from_hf
       with open(os.path.join(self.c.hf_dir, "config.json")) as f:
         hf_cfg = config_from_hf(json.load(f), dtype=self.c.model.dtype)
-      # How the blocks are laid out and rematerialised is ours to choose, not the checkpoint's.
-      return dataclasses.replace(hf_cfg, scan_layers=bool(self.c.model.scan_layers), remat=self.c.model.remat)
+      # How attention runs, how the blocks are laid out and rematerialised, how
+      # log-probs are chunked: ours to choose, not the checkpoint's.
+      return dataclasses.replace(hf_cfg, **self._switches())
     return ModelConfig.from_dict(self.c.model)
 
   def _build_models(self):
@@ -89,7 +94,7 @@ class Run:
     seed = c.seed
     if c.hf_dir:
       from mtrl_jax.models.hf import load_policy
-      policy = load_policy(c.hf_dir, dtype=c.model.dtype, scan_layers=mc.scan_layers, remat=mc.remat)
+      policy = load_policy(c.hf_dir, dtype=c.model.dtype, **self._switches())
     else:
       policy = create_sharded(lambda: Transformer(mc, rngs=nnx.Rngs(seed)), self.mesh, self.rules)
     if c.critic.kind == "head":
@@ -202,8 +207,10 @@ class Run:
     c, s = self.c, self.c.sft
     path = demos_lib.build_demos(c.env.name, dict(c.env.kwargs), episodes=c.demos.episodes,
                                  data_dir=self.demos_dir(), quality=c.demos.quality, seed=c.seed)
+    from mtrl_jax.parallel.batch import num_batch_shards
     batcher = DemoBatcher(demos_lib.load_demos(path), self.tok, s.batch_size, c.seed,
-                          only_successful=s.only_successful)
+                          only_successful=s.only_successful, pack=s.pack,
+                          row_multiple=num_batch_shards(self.mesh, self.rules))
     tx = optim.adamw(s.lr, s.steps, warmup_steps=s.warmup_steps, weight_decay=s.weight_decay,
                      clip_grad=s.clip_grad)
     L = self.learner
@@ -227,7 +234,8 @@ class Run:
         m = jax.device_get(met)
         if not np.isfinite(m["loss"]):
           raise NonFiniteError(f"sft step {k}: non-finite loss; lower config.sft.lr")
-        self.writer.write(k + 1, "sft", {f"sft/{n}": v for n, v in m.items()})
+        self.writer.write(k + 1, "sft", {**{f"sft/{n}": v for n, v in m.items()},
+                                         "sft/pad_fraction": batcher.pad_fraction(k)})
         prog.update(k + 1, loss=float(m["loss"]), acc=float(m["accuracy"]))
       self._set_policy(params, sampler_only, opt)
       if (k + 1) % max(c.checkpoint.every * 10, 1) == 0 and k + 1 < s.steps:

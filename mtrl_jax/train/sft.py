@@ -11,6 +11,7 @@ from typing import Sequence
 
 import numpy as np
 
+from mtrl_jax.rollout.row_packing import pack_rows, plan_rows
 from mtrl_jax.train.lm_step import LMBatch
 
 
@@ -34,7 +35,8 @@ class DemoBatcher:
   """
 
   def __init__(self, sessions: Sequence[dict], tokenizer, batch_size: int, seed: int,
-               only_successful: bool = False, max_len: int | None = None):
+               only_successful: bool = False, max_len: int | None = None, pack: bool = False,
+               row_multiple: int = 1):
     rows = [demo_tokens(s, tokenizer) for s in sessions if s["success"] or not only_successful]
     if not rows:
       raise ValueError("no demonstrations to train on (config.sft.only_successful filtered all out?)")
@@ -43,6 +45,8 @@ class DemoBatcher:
     if longest > self.length:
       raise ValueError(f"a demo session has {longest} tokens, more than max_len={self.length}")
     n = len(rows)
+    self.lengths = np.asarray([len(t) for t, _ in rows], np.int32)
+    self.pack, self.row_multiple, self.pad_id = pack, row_multiple, tokenizer.pad_id
     self.tokens = np.full((n, self.length), tokenizer.pad_id, np.int32)
     self.mask = np.zeros((n, self.length), np.float32)
     for i, (t, m) in enumerate(rows):
@@ -54,5 +58,23 @@ class DemoBatcher:
     return len(self.tokens)
 
   def batch(self, k: int) -> LMBatch:
-    idx = np.random.default_rng([self.seed, k, 3]).integers(0, len(self.tokens), self.batch_size)
-    return LMBatch(self.tokens[idx], self.mask[idx])
+    idx = self._indices(k)
+    if not self.pack:
+      return LMBatch(self.tokens[idx], self.mask[idx])
+    # The same demos, several per row. The row count is rounded up to
+    # row_multiple x a power of two so only a few shapes ever compile.
+    plan = plan_rows(self.lengths[idx], self.length, row_multiple=self.row_multiple)
+    rows = self.row_multiple
+    while rows < plan.shape[0]:
+      rows *= 2
+    plan = plan_rows(self.lengths[idx], self.length, row_multiple=self.row_multiple, min_rows=rows)
+    positions = np.broadcast_to(np.arange(self.length, dtype=np.int32), (len(idx), self.length))
+    return LMBatch(pack_rows(self.tokens[idx], plan, self.pad_id), pack_rows(self.mask[idx], plan),
+                   pack_rows(positions, plan), plan.segment_ids_rl)
+
+  def _indices(self, k: int) -> np.ndarray:
+    return np.random.default_rng([self.seed, k, 3]).integers(0, len(self.tokens), self.batch_size)
+
+  def pad_fraction(self, k: int) -> float:
+    """Share of padding tokens in batch k as trained (packed or not)."""
+    return 1.0 - float(np.sum(self.lengths[self._indices(k)])) / self.batch(k).tokens_bt.size

@@ -115,7 +115,7 @@ def test_entropy_hand_example():
   # Bonus coef .1, A = 0: loss = -.1 * mean(log 2, log 4) = -.1 * 1.5 log 2.
   cfg = PolicyLossConfig(ent_coef=0.1)
   loss, diag = policy_loss(cfg, jnp.zeros((1, 2)), jnp.zeros((1, 2)), jnp.zeros((1, 2)),
-                           jnp.ones((1, 2)), logits_btv=logits)
+                           jnp.ones((1, 2)), entropy_bt=entropy_from_logits(logits))
   np.testing.assert_allclose(loss, -0.15 * math.log(2), rtol=1e-6)
   np.testing.assert_allclose(diag["entropy"], 1.5 * math.log(2), rtol=1e-6)
   with pytest.raises(ValueError, match="entropy"):
