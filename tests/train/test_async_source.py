@@ -182,7 +182,8 @@ def test_eta0_with_several_actors_finishing_out_of_order_gives_the_synchronous_u
   those of one actor playing the same tickets in order.
 
   Break checked: `sessions = batch.sessions` (completion order) in
-  `AsyncSource.next_batch`: the session comparison and the parameters fail.
+  `AsyncSource.next_batch`: the session comparison fails (and the update
+  would, as the completion-order control at the end shows).
   """
   _, _, _, params, _, engine = world()
   order, group1_in = [], threading.Event()
@@ -202,6 +203,7 @@ def test_eta0_with_several_actors_finishing_out_of_order_gives_the_synchronous_u
 
   def play(actors, hook):
     order.clear()
+    group1_in.clear()
     with AsyncSource(engine, params=params, version=0, seed=0, tasks_per_update=T, eta=0, actors=actors,
                      groups_per_chunk=1, fault_hook=hook) as src:
       src.publish(params, 0)
@@ -235,9 +237,9 @@ def test_reported_staleness_is_the_one_recorded_on_the_tokens():
   `staleness/mean` equal the learner version minus the oldest version on each
   session's tokens, and so does the learner's own `update/staleness_max`.
 
-  Break checked: the queue measuring staleness from the newest token
-  (`s.max_version()` for `s.min_version()` in `StalenessQueue.get`) or against
-  the version before the last publish (`v_now - 1 - v`): both fail.
+  Break checked: `AsyncSource.next_batch` reporting 0 whatever the queue
+  measured (`st = 0 * batch.staleness_b`, the old hard-coded-0 check would
+  pass): fails at the first stale batch.
   """
   _, _, _, params, _, engine = world()
   lrn = learner()

@@ -24,7 +24,7 @@ def test_stale_update_uses_the_learners_proximal_logprobs():
   behaviour ones.
 
   Break checked: `prox_logp_bt=pb.behav_logp_bt` in `Learner.update` (the
-  behaviour log-probs passed as proximal): (2) and (3) fail.
+  behaviour log-probs passed as proximal): (2) fails (loss off by ~15%).
   """
   lrn = learner()
   stale = list(sessions_v0(0))
@@ -38,7 +38,7 @@ def test_stale_update_uses_the_learners_proximal_logprobs():
   m = pb.loss_mask_bt > 0
   behav = pb.behav_logp_bt
   gap = np.abs(prox - behav)[m]
-  assert gap.mean() > 0.1, gap.mean()  # on-policy this is ~1e-6 (test_async_source)
+  assert gap.mean() > 0.03, gap.mean()  # on-policy it is ~1e-6 (test_async_source); here ~0.1
   assert np.abs(adv[m]).max() > 0.1  # the advantages are not all 0
 
   # (2) The loss by hand, at the learner's current weights.

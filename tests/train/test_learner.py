@@ -87,8 +87,10 @@ def test_sharded_update_matches_one_device(spread_sessions, shape, estimator, cr
   """The update (params after minus before; the critic's too) on each mesh
   equals the one-device update within TOL, and the update is >= 100x TOL.
 
-  Break checked: the sharded update scaled by 1.01 (a 1% error) fails the
-  same comparison (asserted below), so a sharding bug of that size would.
+  Measured on CPU: max|update| 1.9e-3, max|error| <= 8.1e-7, TOL 9.7e-6.
+  Breaks checked: the sharded update scaled by 1.01 (a 1% error) fails the
+  same comparison (asserted below), so a sharding bug of that size would; a
+  tolerance looser than 1% of the update fails the ratio assertion.
   """
   c = _parity_config(estimator, critic)
   if (estimator, critic) not in _reference:
