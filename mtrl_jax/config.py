@@ -83,17 +83,14 @@ def base_config() -> ml_collections.ConfigDict:
       dynamic_sampling=False, max_resample_rounds=2,
       overlong_buffer=0, overlong_factor=1.0,  # 0 = no overlong shaping
       max_nonfinite=3,  # stop after this many non-finite updates in a row
-<<<<<<< HEAD
       # Several sessions per row in the learner (first fit, longest first; attention
       # kept inside each session): fewer padded tokens when lengths differ a lot.
       pack=False,
       pack_len=0,  # packed row length; 0 = the batch's longest sample (bucketed). With
       # seq_mean_token_sum and no norm_len, the divisor is the packed row length.
-=======
       # Absolute-advantage-weighted episode sampling (MS-GRPO): train on
       # round(aaw_fraction x episodes) episodes drawn with p ~ |A| + aaw_floor.
       aaw=False, aaw_fraction=0.5, aaw_floor=0.0,
->>>>>>> h1-tests
   ))
 
   # eval/success samples at the rollout temperature; greedy=True adds eval/greedy_*.
@@ -150,6 +147,8 @@ def validate(c: ml_collections.ConfigDict, num_devices: int | None = None) -> No
   _check(0.0 < c.rl.aaw_fraction <= 1.0, "rl.aaw_fraction",
          f"the fraction of episodes AAW keeps must be in (0, 1], got {c.rl.aaw_fraction!r}")
   _check(c.rl.aaw_floor >= 0.0, "rl.aaw_floor", f"must be >= 0, got {c.rl.aaw_floor!r}")
+  _check(not (c.rl.aaw and c.rl.pack), "rl.aaw",
+         "AAW draws whole one-session rows; set rl.pack=False to use it")
   _check(not c.rl.aaw or c.rl.estimator in AAW_ESTIMATORS, "rl.aaw",
          f"AAW weighs episodes by the outcome advantage; it needs rl.estimator in {AAW_ESTIMATORS}, "
          f"got {c.rl.estimator!r}")
