@@ -62,6 +62,11 @@ def base_config() -> ml_collections.ConfigDict:
       context_cap=512,  # KV-cache capacity per session; a session that would exceed it ends
       temperature=1.0, top_k=0, top_p=1.0, env_threads=4,
   ))
+  # Tree rollouts (rollout/tree.py, docs/trees.md): in the RL stage every live session forks into
+  # `width` siblings at each turn of `branch_turns`; rl.group_size counts leaves (a multiple of
+  # width ** len(branch_turns)). token_budget > 0 ends the RL stage once that many generated +
+  # prefilled tokens were spent (chains too, so trees and chains compare at equal tokens).
+  c.rollout.tree = ml_collections.ConfigDict(dict(enabled=False, branch_turns=(), width=2, token_budget=0))
 
   c.rl = ml_collections.ConfigDict(dict(
       steps=100,
@@ -154,6 +159,13 @@ def validate(c: ml_collections.ConfigDict, num_devices: int | None = None) -> No
          f"got {c.rl.estimator!r}")
   _check(0.0 <= c.demos.quality <= 1.0, "demos.quality", f"must be in [0, 1], got {c.demos.quality}")
   _check(c.rollout.temperature > 0, "rollout.temperature", "must be > 0 (use eval greedy for argmax)")
+  if c.rollout.tree.enabled:
+    from mtrl_jax.rollout.tree import TreeSpec
+    try:
+      TreeSpec(tuple(c.rollout.tree.branch_turns), c.rollout.tree.width).roots(c.rl.group_size)
+    except ValueError as e:
+      raise ValueError(f"config.rollout.tree: {e}") from e
+  _check(c.rollout.tree.token_budget >= 0, "rollout.tree.token_budget", "must be >= 0 (0 = no limit)")
   _check(c.asynchronous.eta >= 0, "asynchronous.eta", f"must be >= 0, got {c.asynchronous.eta}")
   _check(c.asynchronous.actors >= 1, "asynchronous.actors", f"must be >= 1, got {c.asynchronous.actors}")
 

@@ -329,7 +329,12 @@ class ActorPool:
         meta = {"generate_s": res.timing.generate_s * share, "prefill_s": res.timing.prefill_s * share,
                 "env_s": res.timing.env_s * share, "rollout_s": res.timing.total_s * share,
                 "actor": slot.index}
-        groups = [res.sessions[i * g_size:(i + 1) * g_size] for i in range(ticket.num_groups)]
+        # By group id, not by position: a tree engine leaves out the unborn
+        # siblings of a session that ended before a branch turn.
+        by_group = {gid: [] for gid in range(ticket.first_group, ticket.first_group + ticket.num_groups)}
+        for sess in res.sessions:
+          by_group[sess.group_id].append(sess)
+        groups = list(by_group.values())
         self.queue.put(ticket, groups, [meta] * ticket.num_groups)
         slot.ticket = None
         with self._lock:

@@ -8,7 +8,8 @@ many tokens were spent on sessions that can never be trained on (env errors).
 The engine records tokens as it feeds the sampler (`record_prefill`,
 `record_generated`) and sessions as they end (`record_session`); totals are
 kept as separate counters so `check()` can verify that the per-turn arrays,
-the totals and the session records all agree.
+the totals and the session records all agree. Tree rollouts share prefixes:
+each token is counted once, by the session that paid for it (`own_tokens`).
 """
 from __future__ import annotations
 
@@ -18,6 +19,18 @@ from typing import Iterable
 import numpy as np
 
 from mtrl_jax.rollout.session import END_REASONS, Session
+
+
+def own_tokens(s: Session) -> list[tuple[int, int, int]]:
+  """(turn, prefilled, generated) tokens this session paid for itself.
+
+  A tree child (`branch_of = (parent, t)`) shares turns before t and turn t's
+  observation with its parent, which already paid for them: a shared prefix
+  counts once across a tree.
+  """
+  fork = -1 if s.branch_of is None else int(s.branch_of[1])
+  return [(k, len(t.obs_ids) if k > fork else 0, len(t.action_ids) if k >= fork else 0)
+          for k, t in enumerate(s.turns)]
 
 
 def _grow(a: np.ndarray, n: int) -> np.ndarray:
@@ -62,16 +75,16 @@ class TokenLedger:
     self.invalid_actions += sum(t.invalid_action for t in s.turns)
     self.successes += int(s.success)
     if not s.trainable:
-      self.untrainable_tokens += s.num_obs_tokens + s.num_action_tokens
+      self.untrainable_tokens += sum(p + g for _, p, g in own_tokens(s))
 
   @classmethod
   def from_sessions(cls, sessions: Iterable[Session]) -> "TokenLedger":
     """The ledger a set of finished sessions implies (tokens counted from the records)."""
     ledger = cls()
     for s in sessions:
-      for k, t in enumerate(s.turns):
-        ledger.record_prefill(k, len(t.obs_ids))
-        ledger.record_generated(k, len(t.action_ids))
+      for k, prefilled, generated in own_tokens(s):
+        ledger.record_prefill(k, prefilled)
+        ledger.record_generated(k, generated)
       ledger.record_session(s)
     return ledger
 

@@ -79,9 +79,11 @@ class Session:
   """A whole episode of one env instance under the policy.
 
   `group_id` ties the sessions started from the same task and seed (the GRPO
-  group); `tree_id` / `branch_of` leave room for tree rollouts, where a
-  session forks from turn `branch_of[1]` of session `branch_of[0]` (chain
-  rollouts: `tree_id == session_id`, `branch_of is None`).
+  group). Tree rollouts (rollout/tree.py): a session forks from turn
+  `branch_of[1]` of session `branch_of[0]` (it shares the turns before that
+  one and that turn's observation), `tree_id` is the root's session id and
+  `node_id` the session's leaf index inside its tree (chain rollouts:
+  `tree_id == session_id`, `node_id == 0`, `branch_of is None`).
   """
   session_id: int
   task_id: int
@@ -89,6 +91,7 @@ class Session:
   seed: int
   env_name: str
   tree_id: int = -1
+  node_id: int = 0
   branch_of: tuple[int, int] | None = None
   prompt: str = ""
   turns: list[Turn] = dataclasses.field(default_factory=list)
@@ -137,6 +140,12 @@ class Session:
   @property
   def env_error(self) -> bool:
     return self.end_reason == "env_error"
+
+  @property
+  def own_turns(self) -> list[Turn]:
+    """The turns this session paid for: after a fork, the shared ones belong
+    to the parent (the turn it forked at still counts its action)."""
+    return self.turns if self.branch_of is None else self.turns[self.branch_of[1]:]
 
   @property
   def num_action_tokens(self) -> int:

@@ -27,6 +27,7 @@ from flax import nnx
 
 from mtrl_jax.models.transformer import Transformer
 from mtrl_jax.sampling import decode
+from mtrl_jax.sampling import fork as fork_lib
 from mtrl_jax.sampling.buckets import DEFAULT_LENGTH_BUCKETS, MIN_SLOTS, chunk_bucket, slots_bucket, steps_bucket
 from mtrl_jax.sampling.records import DecodeState, GenerateOut, SamplingParams
 from mtrl_jax.sampling.topk import sample_mode
@@ -77,7 +78,7 @@ class Sampler:
     self._lock = threading.Lock()
     self._params, self._version = params, int(version)
     self._signature = _shape_signature(params)
-    self._seen: dict[str, set] = {"append": set(), "generate": set(), "grow": set()}
+    self._seen: dict[str, set] = {"append": set(), "generate": set(), "grow": set(), "fork": set()}
 
     def append_fn(params, state, tokens_bt, n_new_b):
       return decode.append_tokens(graphdef, params, state, tokens_bt, n_new_b)
@@ -90,6 +91,8 @@ class Sampler:
     self._generate_jit = jax.jit(generate_fn, static_argnames=("steps", "mode"), donate_argnames=("state",))
     # Not donated: a bigger cache cannot reuse the old buffers.
     self._grow_jit = jax.jit(decode.grow_cache, static_argnames=("slots",))
+    self._gather_jit = jax.jit(fork_lib.gather_rows)
+    self._copy_jit = jax.jit(fork_lib.copy_rows, donate_argnames=("state",))
 
   @classmethod
   def from_model(cls, model: Transformer, **kw) -> "Sampler":
@@ -166,6 +169,45 @@ class Sampler:
       n = len(self._seen[name])
     if self.log_compiles:
       logging.info("sampler: compiling %s #%d for shape %s", name, n, key)
+
+  # ------------------------------------------------------------------- fork
+  def fork(self, state: DecodeState, parent_rows: Sequence[int], n: int) -> DecodeState:
+    """A new state of len(parent_rows) * n rows: row i * n + j is child j of
+    parent_rows[i], with the parent's cache contents, length and next-token
+    logits, so it continues exactly as the parent would. `state` stays valid.
+    """
+    parents = np.asarray(parent_rows, np.int64).reshape(-1)
+    batch = state.last_logits_bv.shape[0]
+    if n < 1 or parents.size == 0:
+      raise ValueError(f"fork: need at least one parent row and n >= 1, got {parents.size} rows, n={n}")
+    if parents.min() < 0 or parents.max() >= batch:
+      raise ValueError(f"fork: parent rows {parents.tolist()} outside [0, {batch})")
+    src = np.repeat(parents, int(n)).astype(np.int32)
+    self._note_shape("fork", ("gather", batch, state.cache.capacity, src.size))
+    return self._gather_jit(state, jnp.asarray(src))
+
+  def copy_rows(self, state: DecodeState, src_rows: Sequence[int], dst_rows: Sequence[int]) -> DecodeState:
+    """Forks in place: row dst_rows[i] becomes a copy of row src_rows[i]
+    (same batch size, so no new programs for append/generate). Sources are
+    read before any row is written. The passed state is donated.
+    """
+    src = np.asarray(src_rows, np.int64).reshape(-1)
+    dst = np.asarray(dst_rows, np.int64).reshape(-1)
+    batch = state.last_logits_bv.shape[0]
+    if src.shape != dst.shape:
+      raise ValueError(f"copy_rows: {src.size} source rows for {dst.size} destinations")
+    if src.size == 0:
+      return state
+    if min(src.min(), dst.min()) < 0 or max(src.max(), dst.max()) >= batch:
+      raise ValueError(f"copy_rows: rows outside [0, {batch}): src {src.tolist()}, dst {dst.tolist()}")
+    if len(set(dst.tolist())) != dst.size:
+      raise ValueError(f"copy_rows: destination rows repeat: {dst.tolist()}")
+    # Padded to a power of two (repeating the last pair) to bound the compiled shapes.
+    size = 1 << (int(src.size) - 1).bit_length()
+    src = np.concatenate([src, np.full(size - src.size, src[-1])]).astype(np.int32)
+    dst = np.concatenate([dst, np.full(size - dst.size, dst[-1])]).astype(np.int32)
+    self._note_shape("fork", ("copy", batch, state.cache.capacity, size))
+    return self._copy_jit(state, jnp.asarray(src), jnp.asarray(dst))
 
   # ----------------------------------------------------------------- append
   def append(self, state: DecodeState, new_tokens: Sequence[Sequence[int]]) -> DecodeState:

@@ -144,11 +144,16 @@ class Run:
     name, kwargs = self.c.env.name, dict(self.c.env.kwargs)
     return lambda: env_registry.make(name, **kwargs)
 
-  def _engine(self, group_size: int, sampling: SamplingParams) -> RolloutEngine:
+  def _engine(self, group_size: int, sampling: SamplingParams, tree: bool = False) -> RolloutEngine:
+    """The rollout engine; `tree=True` plays trees when config.rollout.tree.enabled."""
     r = self.c.rollout
-    return RolloutEngine(self.sampler, self.tok, self._env_factory(), group_size=group_size,
-                         turn_token_budget=r.turn_budget, context_cap=r.context_cap, sampling=sampling,
-                         num_env_threads=r.env_threads, env_name=self.c.env.name)
+    kw = dict(group_size=group_size, turn_token_budget=r.turn_budget, context_cap=r.context_cap,
+              sampling=sampling, num_env_threads=r.env_threads, env_name=self.c.env.name)
+    if tree and r.tree.enabled:
+      from mtrl_jax.rollout.tree import TreeRolloutEngine, TreeSpec
+      spec = TreeSpec(tuple(r.tree.branch_turns), r.tree.width)
+      return TreeRolloutEngine(self.sampler, self.tok, self._env_factory(), tree=spec, **kw)
+    return RolloutEngine(self.sampler, self.tok, self._env_factory(), **kw)
 
   def _train_sampling(self) -> SamplingParams:
     r = self.c.rollout
@@ -311,7 +316,8 @@ class Run:
     c, rl = self.c, self.c.rl
     self._init_critic_from_policy()
     start = int(self.meta["stage_step"]) if self.meta.get("stage") == "rl" else 0
-    engine = self._engine(rl.group_size, self._train_sampling())
+    engine = self._engine(rl.group_size, self._train_sampling(), tree=True)
+    budget = float(c.rollout.tree.token_budget)
     if c.asynchronous.enabled:
       from mtrl_jax.train.async_source import AsyncSource
       a = c.asynchronous
@@ -331,6 +337,11 @@ class Run:
       if start == 0:
         self.evaluate(0, "rl")  # the warm-started policy: the baseline of the curve
       for step in range(start, rl.steps):
+        if budget and tokens_seen >= budget:
+          say(f"rl: token budget {budget:.0f} spent after {step} updates ({tokens_seen:.0f} tokens)")
+          if step > start and not any(k.startswith("eval/") for k in last):
+            last = self.writer.write(step, "rl", self.evaluate(step, "rl", write=False))
+          break
         t0 = time.time()
         if c.asynchronous.enabled:  # a copy: the learner's step donates its buffers
           source.publish(self.learner.policy_params_for_sampler(), self.learner.version)

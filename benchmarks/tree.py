@@ -1,0 +1,209 @@
+"""Tree rollouts vs independent chains at an equal token budget.
+
+    python benchmarks/tree.py                     # ~10 min on a 2-core CPU (less once the warm start is cached)
+    python benchmarks/tree.py --budget 60000      # a quick look
+
+The `memory` probe (length 3 with the hint, as in the main job: five turns).
+A tiny policy (2 layers, d=64) is warm-started once by behaviour cloning
+(cached in --workdir). Then:
+
+1. Sessions per token. From the warm start, each arm plays batches of
+   T tasks x G sessions until --count_budget generated + prefilled tokens
+   are spent; complete sessions per token, trees over chains.
+   chains: `RolloutEngine`, G independent sessions per task;
+   trees:  `TreeRolloutEngine`, --branch_turns / --width (default: fork at
+           turns 0 and 2, width 2: two trees of four leaves per task), so
+           siblings share the prompt and the turns before their fork.
+2. Training at equal tokens. From the same warm start, each arm trains
+   (T x G sessions per update, the same learner) until --budget tokens are
+   spent: chains with MS-GRPO (the main job's estimator), trees with the
+   `tree` estimator (group- plus tree-normalised return). A tree update
+   costs fewer tokens, so it gets more updates. Both final policies are
+   evaluated on the same held-out tasks (sampled at temperature 1).
+
+Prints a table, then (last line) one JSON object with
+`sessions_per_token_ratio`, `tree_eval_success`, `chain_eval_success`, `tokens`.
+"""
+from __future__ import annotations
+
+import os
+import sys
+
+# This file is named tree.py: with its folder first on sys.path, `import tree`
+# (dm-tree, used by tensorflow_datasets) would find this script instead.
+_HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path[:] = [p for p in sys.path if os.path.abspath(p or os.curdir) != _HERE]
+
+import argparse
+import datetime
+import json
+import platform
+import time
+
+import jax
+import numpy as np
+from absl import logging
+
+from mtrl_jax.config import base_config
+from mtrl_jax.credit.registry import make_advantage_fn
+from mtrl_jax.envs import registry as env_registry
+from mtrl_jax.parallel.sharded_step import init_opt_state
+from mtrl_jax.rollout.engine import RolloutEngine
+from mtrl_jax.rollout.tree import TreeRolloutEngine, TreeSpec
+from mtrl_jax.sampling.sampler import Sampler, SamplingParams
+from mtrl_jax.train.async_source import copy_params
+from mtrl_jax.train.evaluate import session_stats
+from mtrl_jax.train.rl_step import LearnerState
+from mtrl_jax.train.run import Run
+from mtrl_jax.train.source import SyncSource
+
+
+def bench_config(args):
+  c = base_config()
+  c.seed = args.seed
+  c.stages = ("demos", "sft")
+  c.critic.kind = "none"
+  c.env.name = "memory"
+  c.env.kwargs.update(length=args.length, hint=True, code_alphabet="letters")
+  c.demos.episodes = 500
+  c.sft.steps = args.sft_steps
+  # A long nominal schedule: the learning rate stays ~constant for both arms,
+  # whatever number of updates their budget buys.
+  c.rl.update(estimator="ms_grpo", steps=10_000, tasks_per_update=args.tasks, group_size=args.group,
+              minibatches=2, epochs=1, lr=args.lr, warmup_steps=0)
+  c.rollout.update(turn_budget=8, context_cap=256)
+  c.checkpoint.async_save = False
+  c.log.tensorboard = False
+  return c
+
+
+class Bench:
+  def __init__(self, args):
+    self.args = args
+    self.c = bench_config(args)
+    t0 = time.perf_counter()
+    workdir = os.path.join(args.workdir, f"memory{args.length}_sft{args.sft_steps}_seed{args.seed}")
+    self.run = Run(self.c, workdir)
+    self.run.run()  # SFT, or a restore when the workdir has it
+    self.sft_s = time.perf_counter() - t0
+    self.tok, self.learner, self.sampler = self.run.tok, self.run.learner, self.run.sampler
+    self.sft_params = copy_params(self.learner.state.policy)
+    env_kw = dict(self.c.env.kwargs)
+    factory = lambda: env_registry.make("memory", **env_kw)
+    common = dict(group_size=args.group, turn_token_budget=8, context_cap=256,
+                  sampling=SamplingParams(temperature=1.0), num_env_threads=4, env_name="memory")
+    self.spec = TreeSpec(tuple(int(t) for t in args.branch_turns.split(",")), args.width)
+    self.engines = {"chains": RolloutEngine(self.sampler, self.tok, factory, **common),
+                    "trees": TreeRolloutEngine(self.sampler, self.tok, factory, tree=self.spec, **common)}
+    self.eval_sampler = Sampler(self.run.sampler_gd, copy_params(self.sft_params), pad_id=self.tok.pad_id,
+                                stop_ids=(self.tok.eos_id,), log_compiles=False)
+    self.eval_engine = RolloutEngine(self.eval_sampler, self.tok, factory, group_size=1, turn_token_budget=8,
+                                     context_cap=256, sampling=SamplingParams(temperature=1.0),
+                                     num_env_threads=4, env_name="memory")
+
+  def reset(self, estimator: str):
+    L = self.learner
+    p = copy_params(self.sft_params)
+    L.state = LearnerState(p, init_opt_state(L.tx_policy, p, L.state_sh.opt_policy), {}, {})
+    L.version, L.nonfinite_in_a_row = 0, 0
+    L.estimator = make_advantage_fn(estimator)
+    L._adv = jax.jit(L.estimator)
+    self.sampler.set_params(copy_params(p), 0)
+    return L
+
+  def evaluate(self, params) -> float:
+    self.eval_sampler.set_params(params, 0)
+    seeds = [1_000_000 + i for i in range(self.args.eval_tasks)]
+    return session_stats(self.eval_engine.run(seeds, jax.random.key(99)).sessions, "")["success"]
+
+
+def tokens_of(info) -> float:
+  return info["ledger/tokens_generated"] + info["ledger/tokens_prefilled"]
+
+
+def count_sessions(b: Bench, arm: str) -> dict:
+  """Complete sessions the warm start plays within --count_budget tokens."""
+  b.reset("ms_grpo")
+  source = SyncSource(b.engines[arm], seed=b.args.seed + 1, tasks_per_update=b.args.tasks)
+  tokens = sessions = 0.0
+  done = 0
+  while tokens < b.args.count_budget:
+    ss, info = source.next_batch(done)
+    sessions += sum(s.done and not s.env_error for s in ss)
+    tokens += tokens_of(info)
+    done += 1
+  return {"sessions": sessions, "tokens": tokens, "batches": done, "per_1k": 1000.0 * sessions / tokens}
+
+
+def train_arm(b: Bench, arm: str, estimator: str) -> dict:
+  L = b.reset(estimator)
+  source = SyncSource(b.engines[arm], seed=b.args.seed + 2, tasks_per_update=b.args.tasks)
+  tokens, sessions, step, success = 0.0, 0, 0, []
+  t0 = time.perf_counter()
+  while tokens < b.args.budget:
+    b.sampler.set_params(copy_params(L.policy_params_for_sampler()), L.version)
+    ss, info = source.next_batch(step)
+    L.update(ss, step)
+    tokens += tokens_of(info)
+    sessions += len(ss)
+    success.append(info["rollout/success"])
+    step += 1
+  train_s = time.perf_counter() - t0
+  return {"updates": step, "tokens": tokens, "sessions": sessions, "train_s": train_s,
+          "train_success_last": float(np.mean(success[-3:])),
+          "eval_success": b.evaluate(copy_params(L.policy_params_for_sampler()))}
+
+
+def main():
+  p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+  p.add_argument("--tasks", type=int, default=8)
+  p.add_argument("--group", type=int, default=8, help="sessions (leaves) per task")
+  p.add_argument("--branch_turns", type=str, default="0,2")
+  p.add_argument("--width", type=int, default=2)
+  p.add_argument("--length", type=int, default=3)
+  p.add_argument("--lr", type=float, default=5e-4)
+  p.add_argument("--sft_steps", type=int, default=300)
+  p.add_argument("--count_budget", type=float, default=40_000)
+  p.add_argument("--budget", type=float, default=150_000, help="training tokens per arm")
+  p.add_argument("--eval_tasks", type=int, default=256)
+  p.add_argument("--seed", type=int, default=0)
+  p.add_argument("--workdir", type=str, default="/tmp/mtrl_tree_bench")
+  args = p.parse_args()
+  logging.set_verbosity(logging.WARNING)
+  t_all = time.perf_counter()
+  b = Bench(args)
+  count = {arm: count_sessions(b, arm) for arm in ("chains", "trees")}
+  ratio = count["trees"]["per_1k"] / count["chains"]["per_1k"]
+  warm = b.evaluate(copy_params(b.sft_params))
+  train = {"chains": train_arm(b, "chains", "ms_grpo"), "trees": train_arm(b, "trees", "tree")}
+  total_s = time.perf_counter() - t_all
+
+  print(f"\nmemory length {args.length}, T={args.tasks} tasks x G={args.group} sessions per batch; trees: "
+        f"branch at turns {list(b.spec.branch_turns)}, width {b.spec.width} ({b.spec.roots(args.group)} trees "
+        f"of {b.spec.leaves} leaves per task)")
+  print(f"{platform.machine()} {platform.processor() or ''} {os.cpu_count()} cores, load {os.getloadavg()}, "
+        f"{datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC, total {total_s:.0f}s "
+        f"(warm start {b.sft_s:.0f}s)")
+  print("\n| arm | sessions in count budget | tokens | sessions / 1k tokens | train updates | train tokens "
+        "| train sessions | train s | train success (last 3) | eval success |")
+  print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+  for arm in ("chains", "trees"):
+    c, t = count[arm], train[arm]
+    print(f"| {arm} | {c['sessions']:.0f} | {c['tokens']:.0f} | {c['per_1k']:.2f} | {t['updates']} | "
+          f"{t['tokens']:.0f} | {t['sessions']} | {t['train_s']:.0f} | {t['train_success_last']:.3f} | "
+          f"{t['eval_success']:.3f} |")
+  print(f"warm start eval success: {warm:.3f}; sessions per token, trees / chains: {ratio:.2f}")
+  out = {"sessions_per_token_ratio": round(ratio, 3), "tree_eval_success": train["trees"]["eval_success"],
+         "chain_eval_success": train["chains"]["eval_success"], "tokens": args.budget,
+         "tree_tokens": train["trees"]["tokens"], "chain_tokens": train["chains"]["tokens"],
+         "tree_updates": train["trees"]["updates"], "chain_updates": train["chains"]["updates"],
+         "warm_eval_success": warm, "eval_tasks": args.eval_tasks,
+         "train_sessions_per_token_ratio": round(
+             (train["trees"]["sessions"] / train["trees"]["tokens"])
+             / (train["chains"]["sessions"] / train["chains"]["tokens"]), 3),
+         "total_s": round(total_s, 1)}
+  print(json.dumps(out))
+
+
+if __name__ == "__main__":
+  main()

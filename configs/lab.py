@@ -1,0 +1,50 @@
+"""The credit-accuracy lab (mtrl_jax/lab/credit_accuracy.py, docs/lab.md).
+
+  python -m mtrl_jax.lab.credit_accuracy --config=configs/lab.py --workdir=/tmp/lab
+  python -m mtrl_jax.lab.credit_accuracy --config=configs/lab.py:length=4,runlocal=true --workdir=/tmp/lab_s
+
+Default: `memory` with 8 distractor turns (10 turns), a short warm
+start (150 steps of behaviour cloning on quality-0.5 demos), a separate critic fitted by
+value pretraining, N = tasks x group_size sessions, K continuations per turn.
+Args: length, tasks, group, k, env (any registered env, with its default kwargs;
+`length` applies to memory only), runlocal (a smoke-test size).
+"""
+from configs.common import default_config, shrink
+from mtrl_jax.config_args import parse_args
+import ml_collections
+
+
+def get_config(arg=None):
+  a = parse_args(arg, {"length": 8, "tasks": 8, "group": 4, "k": 16, "env": "memory", "runlocal": False})
+  c = default_config(a["length"])
+  if a["env"] != "memory":
+    c.env.name = a["env"]
+    c.env.kwargs = {}
+  # A short warm start (a 2-core CPU does ~0.1-0.3 steps/s on these 10-turn sessions): with
+  # hint=True the recall over 8 distractors is not needed, the format is.
+  c.sft.steps = 150
+  c.sft.batch_size = 16
+  c.stages = ("demos", "sft", "value_pretrain")  # the warm start and its critic; skipped when done
+  c.critic.kind = "separate"
+  c.rl.estimator = "gae"  # value pretraining fits Monte-Carlo targets (lambda_critic = 1)
+  c.rl.estimator_kwargs = {"lambda_policy": 0.95, "lambda_critic": 1.0}
+  c.value_pretrain.update(rounds=6, tasks_per_round=8, epochs=4, patience=2)
+  c.rl.group_size = a["group"]
+  c.rl.minibatches = 1
+  c.checkpoint.every = 10**6  # save only at stage ends
+  c.log.tensorboard = False
+  c.lab = ml_collections.ConfigDict(dict(
+      tasks=a["tasks"],          # N = tasks x group sessions (same task seed within a group)
+      continuations=a["k"],      # K Monte-Carlo continuations per history
+      resamples=8,               # bootstrap resamples of the batch (the variance column)
+      seed_offset=2_000_000,     # task seeds, disjoint from training and eval seeds
+      coupled_critic_rounds=4,   # value-pretraining rounds on lambda = 0.95 targets (0: skip that variant)
+      rows_per_call=256,         # continuation rows decoded together
+      estimators=(),             # () = all (mtrl_jax/lab/variants.py)
+  ))
+  if a["runlocal"]:
+    shrink(c)
+    c.value_pretrain.rounds = 2
+    c.lab.update(tasks=2, continuations=4, resamples=2, coupled_critic_rounds=1, rows_per_call=32)
+    c.checkpoint.every = 10**6
+  return c

@@ -1,0 +1,1 @@
+"""Measurement labs: tools that study the trainer's parts, never imported by train/."""

@@ -1,0 +1,95 @@
+"""Monte-Carlo continuations from forked states: the value of a history.
+
+V(h_t) for a fixed policy is the expected return from turn t on, given the
+history h_t (every token up to and including turn t's observation) and the
+environment's state there. Forking h_t k times (cache rows copied with
+`Sampler.fork`, env cloned) and playing each fork to the end with the
+policy gives k independent returns whose mean is an unbiased estimate of
+V(h_t), with standard error std / sqrt(k).
+"""
+from __future__ import annotations
+
+import concurrent.futures
+from typing import NamedTuple, Sequence
+
+import jax
+import numpy as np
+
+from mtrl_jax.rollout.tree import clone_env
+
+
+class Start(NamedTuple):
+  """A history to continue from."""
+  env: object         # the env in the state the history left it (not stepped here)
+  prefix_ids: list    # every token the policy saw and produced, through turn t's observation
+  turns_done: int     # t: turns played before this history's next action
+
+
+class ContinuationStats(NamedTuple):
+  returns_sk: np.ndarray   # f32 [S, K]: return from turn t on of each continuation
+  tokens_generated: int
+  tokens_prefilled: int
+
+
+def continue_from(sampler, tokenizer, starts: Sequence[Start], k: int, *, turn_budget: int,
+                  context_cap: int, sampling, rng: jax.Array, max_turns: int | None = None,
+                  rows_per_call: int = 256, num_env_threads: int = 4) -> ContinuationStats:
+  """Plays k continuations of every start to the end; returns their returns.
+
+  Starts are processed in chunks of rows_per_call // k (the last chunk is
+  padded with copies so every call has the same shapes). A continuation
+  ends when its env ends, at `max_turns` total turns, or when the next turn
+  would not fit in `context_cap` (its return so far is kept).
+  """
+  per_chunk = max(rows_per_call // k, 1)
+  out = np.zeros((len(starts), k), np.float32)
+  gen = pre = 0
+  stop_ids = frozenset(int(i) for i in sampler.stop_ids)
+  with concurrent.futures.ThreadPoolExecutor(num_env_threads) as pool:
+    for c0 in range(0, len(starts), per_chunk):
+      chunk = list(starts[c0:c0 + per_chunk])
+      real = len(chunk)
+      chunk += [chunk[-1]] * (per_chunk - real)
+      rng, key = jax.random.split(rng)
+      state = sampler.append(sampler.init_state(per_chunk, context_cap), [s.prefix_ids for s in chunk])
+      pre += sum(len(s.prefix_ids) for s in chunk[:real])
+      state = sampler.fork(state, range(per_chunk), k)
+      n = per_chunk * k
+      envs = [clone_env(chunk[r // k].env) for r in range(n)]
+      turns = np.array([chunk[r // k].turns_done for r in range(n)])
+      ret = np.zeros(n, np.float64)
+      live = {r: [] for r in range(n)}  # row -> ids to append before its next action
+      step_i = 0
+      while live:
+        lengths = sampler.lengths(state)
+        for r in list(live):
+          if lengths[r] + len(live[r]) + turn_budget > context_cap:
+            del live[r]
+        if not live:
+          break
+        state = sampler.append(state, [live.get(r, []) for r in range(n)])
+        pre += sum(len(v) for r, v in live.items() if r // k < real)
+        active = np.zeros(n, bool)
+        active[list(live)] = True
+        gen_out, state = sampler.generate(state, jax.random.fold_in(key, step_i), turn_budget,
+                                          active=active, params=sampling)
+        step_i += 1
+        rows = sorted(live)
+        texts = {}
+        for r in rows:
+          ids = [int(x) for x in gen_out.tokens[r]]
+          if r // k < real:
+            gen += len(ids)
+          stopped = bool(ids) and ids[-1] in stop_ids
+          texts[r] = tokenizer.decode(ids[:-1] if stopped else ids)
+        steps = list(pool.map(lambda r: envs[r].step(texts[r]), rows))
+        nxt = {}
+        for r, st in zip(rows, steps):
+          ret[r] += st.reward
+          turns[r] += 1
+          over = max_turns is not None and turns[r] >= max_turns
+          if not (st.terminated or st.truncated or over):
+            nxt[r] = list(tokenizer.observation_ids(st.observation))
+        live = nxt
+      out[c0:c0 + real] = ret.reshape(per_chunk, k)[:real]
+  return ContinuationStats(out, gen, pre)

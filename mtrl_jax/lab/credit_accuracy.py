@@ -1,0 +1,291 @@
+"""The credit-accuracy lab: every advantage estimator against ground truth.
+
+    python -m mtrl_jax.lab.credit_accuracy --config=configs/lab.py --workdir=/tmp/lab
+
+For a fixed policy, the true advantage of the action a_t taken at turn t of
+a session is A*(h_t, a_t) = Q(h_t, a_t) - V(h_t). The lab forks the session
+at every turn (env clone + KV-cache rows) and plays K continuations:
+V(h_t) is the mean return from turn t on when the action at t is resampled;
+Q(h_t, a_t) = r_t + V(h_{t+1}) continues after a_t (the env is
+deterministic given its state, so the continuations from h_{t+1} are the
+continuations after a_t; V = 0 after the last turn). Standard errors follow
+from the K returns. Then every estimator (mtrl_jax/lab/variants.py) is
+applied to the same N sessions, with the critic fitted the way the trainer
+does (value pretraining), and scored per distance to the final reward
+(mtrl_jax/lab/scores.py). Output: a table, `<workdir>/lab/agreement.png`,
+`<workdir>/lab/result.json`, and the JSON object as the last line.
+
+Nothing in train/ imports this package; credit/ stays pure.
+"""
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import json
+import os
+import platform
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from absl import app, flags, logging
+from ml_collections import config_flags
+
+from mtrl_jax.credit import registry as credit_registry
+from mtrl_jax.credit.batch import CreditBatch
+from mtrl_jax.envs import registry as env_registry
+from mtrl_jax.lab import scores
+from mtrl_jax.lab.continuations import Start, continue_from
+from mtrl_jax.lab.variants import lab_estimators
+from mtrl_jax.metrics import say
+from mtrl_jax.rollout.session import Session
+
+_CONFIG = config_flags.DEFINE_config_file("config", None, "Lab config (configs/lab.py[:args]).", lock_config=False)
+_WORKDIR = flags.DEFINE_string("workdir", None, "The run's workdir: its checkpoint is the policy (and critic).")
+
+
+# ------------------------------------------------------------------ ground truth
+def histories(sessions: list[Session], env_factory) -> list[Start]:
+  """One start per (session, turn): the env replayed to turn t, the tokens through obs_t."""
+  starts = []
+  for s in sessions:
+    env = env_factory()
+    env.reset(s.seed)
+    prefix: list[int] = []
+    for t, turn in enumerate(s.turns):
+      prefix = prefix + [int(x) for x in turn.obs_ids]
+      starts.append(Start(env.clone(), list(prefix), t))
+      prefix = prefix + [int(x) for x in turn.action_ids]
+      env.step(turn.action)
+  return starts
+
+
+def ground_truth(sessions, v_sk: np.ndarray) -> tuple[list, list]:
+  """Per session: A*_t = r_t + V(h_{t+1}) - V(h_t) and its standard error."""
+  k = v_sk.shape[1]
+  mean = v_sk.mean(1)
+  se = v_sk.std(1, ddof=1) / np.sqrt(k) if k > 1 else np.full(len(mean), np.inf)
+  a_star, a_se, i = [], [], 0
+  for s in sessions:
+    n = s.num_turns
+    v = np.append(mean[i:i + n], 0.0)
+    e = np.append(se[i:i + n], 0.0)
+    r = np.array([t.reward for t in s.turns])
+    a_star.append(r + v[1:] - v[:-1])
+    a_se.append(np.sqrt(e[1:] ** 2 + e[:-1] ** 2))
+    i += n
+  return a_star, a_se
+
+
+# ------------------------------------------------------------------ estimators
+def _credit_batch(pb, values_bt) -> CreditBatch:
+  return CreditBatch(reward_bt=jnp.asarray(pb.reward_bt), loss_mask_bt=jnp.asarray(pb.loss_mask_bt),
+                     turn_idx_bt=jnp.asarray(pb.turn_idx_bt), group_id_b=jnp.asarray(pb.group_id_b),
+                     episode_id_b=jnp.asarray(pb.episode_id_b), tree_id_b=jnp.asarray(pb.tree_id_b),
+                     return_b=jnp.asarray(pb.return_b),
+                     value_bt=None if values_bt is None else jnp.asarray(values_bt, jnp.float32))
+
+
+def per_turn(adv_bt, pb, n_sessions: int, num_turns: list[int]) -> list[np.ndarray]:
+  """Each session's advantage per turn: the mean over the turn's action tokens."""
+  adv_bt, m_bt, t_bt = np.asarray(adv_bt), pb.loss_mask_bt > 0, pb.turn_idx_bt
+  out = []
+  for i in range(n_sessions):
+    a = np.zeros(num_turns[i])
+    for t in range(num_turns[i]):
+      sel = m_bt[i] & (t_bt[i] == t)
+      a[t] = adv_bt[i][sel].mean() if sel.any() else 0.0
+    out.append(a)
+  return out
+
+
+def session_values(learner, sessions) -> list[np.ndarray]:
+  """The critic's value at every token of each session (left-aligned rows)."""
+  pb = learner._pack(sessions)
+  _, _, values = learner.score(pb)
+  values = np.asarray(values)
+  return [values[i, :len(s.flat_tokens())] for i, s in enumerate(sessions)]
+
+
+def apply_estimators(table, sessions, values: dict, learner) -> dict:
+  """name -> per-session per-turn advantages on `sessions` (values: critic -> per-session arrays)."""
+  pb = learner._pack(sessions)
+  b, t = pb.tokens_bt.shape
+  out = {}
+  for name, (reg, hp, critic) in table.items():
+    v_bt = None
+    if critic is not None:
+      v_bt = np.zeros((b, t), np.float32)
+      for i, v in enumerate(values[critic]):
+        v_bt[i, :len(v)] = v
+    adv, _ = credit_registry.compute_advantages(reg, _credit_batch(pb, v_bt), **hp)
+    out[name] = per_turn(adv, pb, len(sessions), [s.num_turns for s in sessions])
+  return out
+
+
+def bootstrap(sessions, rng: np.random.Generator) -> list[int]:
+  """Indices of a resampled batch: each group's members drawn with replacement."""
+  groups: dict[int, list[int]] = {}
+  for i, s in enumerate(sessions):
+    groups.setdefault(s.group_id, []).append(i)
+  return [int(j) for members in groups.values() for j in rng.choice(members, len(members))]
+
+
+def fit_coupled_critic(run, rounds: int) -> None:
+  """Value pretraining, continued for `rounds` rounds on lambda_critic = 0.95 targets."""
+  L = run.learner
+  L.estimator = credit_registry.make_advantage_fn("gae", lambda_policy=0.95, lambda_critic=0.95)
+  L._adv = jax.jit(L.estimator)
+  run.c.value_pretrain.rounds = rounds
+  run.c.value_pretrain.patience = rounds
+  run.meta.update(stage=None, stage_step=0, vp_best=-np.inf, vp_since=0)
+  run.save = lambda *args, **kw: None  # this critic is the lab's own: never into the workdir's checkpoint
+  run.stage_value_pretrain()
+
+
+# ------------------------------------------------------------------ report
+def _num(x: float):
+  """Rounded, and None for NaN (the JSON line must stay valid JSON)."""
+  return None if not np.isfinite(x) else round(float(x), 4)
+
+
+def plot(path: str, result: dict) -> None:
+  import matplotlib
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt
+  fig, ax = plt.subplots(figsize=(8, 5))
+  for name, r in result["estimators"].items():
+    ys = [np.nan if y is None else y for y in r["agreement_by_distance"]]
+    ax.plot(range(len(ys)), ys, marker="o", label=name, linestyle="--" if "gae" not in name else "-")
+  ax.set_xlabel("turns before the final reward (0 = the last turn)")
+  ax.set_ylabel("sign agreement with A* (|A*| > 2 s.e.)")
+  ax.set_title(f"{result['env']}: N={result['sessions']} sessions, K={result['continuations']} continuations")
+  ax.set_ylim(-0.02, 1.02)
+  ax.grid(alpha=0.3)
+  ax.legend(fontsize=7, ncol=2)
+  fig.tight_layout()
+  fig.savefig(path, dpi=120)
+  plt.close(fig)
+
+
+def main(argv):
+  del argv
+  from mtrl_jax.train.run import Run
+  if not flags.FLAGS["verbosity"].present:
+    logging.set_verbosity(logging.WARNING)
+  c, workdir = _CONFIG.value, _WORKDIR.value
+  if c is None or workdir is None:
+    raise app.UsageError("--config and --workdir are required")
+  lab = c.lab
+  t0 = time.time()
+  run = Run(c, workdir)
+  run.run()  # warm start + value pretraining (or the checkpoint already in workdir)
+  setup_s = time.time() - t0
+  table = lab_estimators(tuple(lab.estimators) or None)
+  has_critic = c.critic.kind != "none"
+  if not has_critic:
+    table = {n: e for n, e in table.items() if e[2] is None}
+
+  # 1. N sessions of the policy.
+  run._sync_sampler()
+  engine = run._engine(c.rl.group_size, run._train_sampling())
+  seeds = [lab.seed_offset + i for i in range(lab.tasks)]
+  res = engine.run(seeds, jax.random.key(c.seed + 321))
+  sessions = [s for s in res.sessions if s.trainable]
+  say(f"lab: {len(sessions)} sessions, success {np.mean([s.success for s in sessions]):.3f}, "
+      f"{res.ledger.generated_total + res.ledger.prefilled_total} tokens")
+
+  # 2. Ground truth by continuations from every turn.
+  t1 = time.time()
+  env_factory = run._env_factory()
+  starts = histories(sessions, env_factory)
+  cont = continue_from(run.sampler, run.tok, starts, int(lab.continuations), turn_budget=c.rollout.turn_budget,
+                       context_cap=c.rollout.context_cap, sampling=run._train_sampling(),
+                       rng=jax.random.key(c.seed + 654), rows_per_call=int(lab.rows_per_call))
+  a_star, a_se = ground_truth(sessions, cont.returns_sk)
+  gt_s = time.time() - t1
+  say(f"lab: ground truth from {len(starts)} histories x {lab.continuations} continuations in {gt_s:.0f}s "
+      f"({cont.tokens_generated + cont.tokens_prefilled} tokens)")
+
+  # 3. Critics: the value-pretrained one, and (optionally) one refitted on lambda = 0.95 targets.
+  values = {}
+  if has_critic:
+    values["mc"] = session_values(run.learner, sessions)
+    if lab.coupled_critic_rounds > 0 and any(e[2] == "coupled" for e in table.values()):
+      saved = jax.tree.map(jnp.copy, run.learner.state.critic)
+      fit_coupled_critic(run, int(lab.coupled_critic_rounds))
+      values["coupled"] = session_values(run.learner, sessions)
+      run.learner.state = run.learner.state._replace(critic=saved)
+    else:
+      table = {n: e for n, e in table.items() if e[2] != "coupled"}
+
+  # 4. Every estimator on the same sessions, and on bootstrap resamples.
+  adv = apply_estimators(table, sessions, values, run.learner)
+  rng = np.random.default_rng(c.seed + 987)
+  n_items = sum(s.num_turns for s in sessions)
+  offsets = np.cumsum([0] + [s.num_turns for s in sessions])
+  resampled = {name: np.full((int(lab.resamples), n_items), np.nan) for name in table}
+  for r in range(int(lab.resamples)):
+    idx = bootstrap(sessions, rng)
+    copies = [dataclasses.replace(sessions[j], session_id=10**9 + k) for k, j in enumerate(idx)]
+    vals = {name: [v[j] for j in idx] for name, v in values.items()}
+    out = apply_estimators(table, copies, vals, run.learner)
+    for name, per in out.items():
+      seen = set()
+      for k, j in enumerate(idx):
+        if j in seen:  # one draw per original item and resample
+          continue
+        seen.add(j)
+        resampled[name][r, offsets[j]:offsets[j + 1]] = per[k]
+
+  # 5. Scores.
+  a_i, se_i = np.concatenate(a_star), np.concatenate(a_se)
+  dist_i = np.concatenate([np.arange(s.num_turns)[::-1] for s in sessions])
+  max_d = int(dist_i.max())
+  result = {"env": c.env.name, "sessions": len(sessions), "continuations": int(lab.continuations), "estimators": {}}
+  counts = None
+  for name in table:
+    est_i = np.concatenate(adv[name])
+    frac, counts = scores.agreement_by_distance(est_i, a_i, se_i, dist_i, max_d)
+    result["estimators"][name] = {
+        "agreement_by_distance": [None if f is None else round(f, 4) for f in frac],
+        "rank_corr": _num(scores.rank_corr(est_i, a_i)),
+        "bias": _num(scores.normalised_bias(est_i, a_i)),
+        "variance": _num(scores.resample_variance(resampled[name], est_i))}
+  sig = scores.significant(a_i, se_i)
+  result["significant_by_distance"] = counts
+  result["a_star_mean_abs_by_distance"] = [round(float(np.abs(a_i[dist_i == d]).mean()), 4) for d in range(max_d + 1)]
+  result["a_star_se_mean"] = round(float(se_i.mean()), 4)
+  result["tokens"] = {"sessions": int(res.ledger.generated_total + res.ledger.prefilled_total),
+                      "continuations": int(cont.tokens_generated + cont.tokens_prefilled)}
+  result["success"] = float(np.mean([s.success for s in sessions]))
+  result["seconds"] = {"setup": round(setup_s, 1), "ground_truth": round(gt_s, 1),
+                       "total": round(time.time() - t0, 1)}
+
+  out_dir = os.path.join(workdir, "lab")
+  os.makedirs(out_dir, exist_ok=True)
+  plot(os.path.join(out_dir, "agreement.png"), result)
+  with open(os.path.join(out_dir, "result.json"), "w") as f:
+    json.dump(result, f, indent=1)
+
+  print(f"\n{c.env.name} {dict(c.env.kwargs)}: {len(sessions)} sessions (success {result['success']:.3f}), "
+        f"K={lab.continuations}; {int(sig.sum())}/{len(a_i)} turn actions with |A*| > 2 s.e. "
+        f"(by distance 0..{max_d}: {counts}); mean s.e. {se_i.mean():.3f}")
+  print(f"{platform.machine()} {os.cpu_count()} cores, load {tuple(round(x, 1) for x in os.getloadavg())}, "
+        f"{datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC; seconds {result['seconds']}; "
+        f"tokens {result['tokens']}")
+  head = " | ".join(f"d={d}" for d in range(max_d + 1))
+  print(f"\n| estimator | {head} | rank corr | bias | variance |")
+  print("|---|" + "---:|" * (max_d + 4))
+  for name, r in result["estimators"].items():
+    cells = " | ".join("-" if f is None else f"{f:.2f}" for f in r["agreement_by_distance"])
+    fmt = lambda x, f: "-" if x is None else format(x, f)
+    print(f"| {name} | {cells} | {fmt(r['rank_corr'], '.3f')} | {fmt(r['bias'], '+.3f')} | "
+          f"{fmt(r['variance'], '.3f')} |")
+  print(json.dumps({k: result[k] for k in ("env", "sessions", "continuations", "estimators")}))
+
+
+if __name__ == "__main__":
+  flags.mark_flags_as_required(["config", "workdir"])
+  app.run(main)

@@ -1,0 +1,205 @@
+"""Tree rollouts (Tree-GRPO, arXiv 2509.21240): sessions that branch at chosen turns.
+
+Every task gets `roots` trees. At each turn in `branch_turns`, every live
+session forks into `width` siblings: the environment is cloned and the
+session's KV-cache row is copied (`Sampler.copy_rows`), after the turn's
+observation was prefilled and before its action is sampled. The siblings
+then sample different actions from the same state. The prefix they share is
+generated and prefilled once, and the ledger counts it once; each leaf is a
+complete session record (shared turns included) that trains like a chain.
+
+Layout: one engine batch row per leaf, fixed for the whole run (so forking
+compiles no new append/generate programs). Tree k of task i owns the rows
+`i * G + k * L ... + L - 1` (L = width ** len(branch_turns) leaves per tree,
+G = roots * L = `group_size`). The root plays in the first row of its
+block; at branch depth d a live row r forks into r + j * L / width**(d+1),
+j = 1 .. width - 1, and keeps playing as sibling 0. Sessions therefore come
+out task-major, `sessions[i * G + g]`, like the chain engine's, except that
+a session which ends before a branch turn has no siblings there: its unborn
+rows are left out (fewer than G sessions for that task).
+
+Session records: `tree_id` is the root's session id, `node_id` the leaf's
+index inside its tree (0 = the root's own line), and `branch_of =
+(parent session id, turn)`: the child shares turns [0, turn) and turn
+`turn`'s observation with the parent and acts on its own from that turn on.
+"""
+from __future__ import annotations
+
+import concurrent.futures
+import copy
+import dataclasses
+import time
+from typing import Sequence
+
+import jax
+import numpy as np
+
+from mtrl_jax.rollout.engine import RolloutEngine, RolloutResult, RolloutTiming, _call
+from mtrl_jax.rollout.ledger import TokenLedger
+from mtrl_jax.rollout.session import Session
+
+
+@dataclasses.dataclass(frozen=True)
+class TreeSpec:
+  """Where and how wide sessions branch.
+
+  branch_turns: turn indices (0-based) at which every live session forks;
+    turn 0 shares only the prompt and first observation.
+  width: siblings per fork (the parent continues as one of them).
+  """
+  branch_turns: tuple = ()
+  width: int = 2
+
+  def __post_init__(self):
+    turns = tuple(int(t) for t in self.branch_turns)
+    if any(t < 0 for t in turns) or len(set(turns)) != len(turns):
+      raise ValueError(f"TreeSpec.branch_turns must be distinct turns >= 0, got {list(self.branch_turns)}")
+    if int(self.width) < 1:
+      raise ValueError(f"TreeSpec.width must be >= 1, got {self.width}")
+    object.__setattr__(self, "branch_turns", tuple(sorted(turns)))
+    object.__setattr__(self, "width", int(self.width))
+
+  @property
+  def leaves(self) -> int:
+    """Leaves (complete sessions) per tree when no session ends early."""
+    return self.width ** len(self.branch_turns)
+
+  def roots(self, group_size: int) -> int:
+    if group_size % self.leaves:
+      raise ValueError(f"group_size {group_size} is not a multiple of the {self.leaves} leaves per tree "
+                       f"(width {self.width} ** {len(self.branch_turns)} branch turns)")
+    return group_size // self.leaves
+
+
+def clone_env(env):
+  """An independent copy of a live env (deep copy: wrappers included)."""
+  return copy.deepcopy(env)
+
+
+class TreeRolloutEngine(RolloutEngine):
+  """The synchronous engine, playing trees of sessions (see module doc).
+
+  Takes the `RolloutEngine` arguments plus `tree: TreeSpec`; `group_size`
+  is the number of leaves per task (a multiple of `tree.leaves`).
+  """
+
+  def __init__(self, *args, tree: TreeSpec, **kw):
+    super().__init__(*args, **kw)
+    self.tree = tree
+    self.roots = tree.roots(self.group_size)
+
+  def run(self, tasks: Sequence[int], rng: jax.Array) -> RolloutResult:
+    t_start = time.perf_counter()
+    g_size, leaves, width = self.group_size, self.tree.leaves, self.tree.width
+    n = len(tasks) * g_size
+    ledger = TokenLedger()
+    timing = {"generate": 0.0, "prefill": 0.0, "env": 0.0}
+    base_id = self.next_session_id
+    slots: list[Session | None] = [None] * n  # row r plays session id base_id + r once born
+    for i, seed in enumerate(tasks):
+      for k in range(self.roots):
+        r = i * g_size + k * leaves
+        slots[r] = Session(session_id=base_id + r, task_id=int(seed), group_id=self.next_group_id + i,
+                           seed=int(seed), env_name=self.env_name or "")
+    self.next_session_id += n
+    self.next_group_id += len(tasks)
+    roots = [r for r in range(n) if slots[r] is not None]
+    if n == 0:
+      return RolloutResult([], ledger, RolloutTiming(0.0, 0.0, 0.0, time.perf_counter() - t_start))
+
+    with concurrent.futures.ThreadPoolExecutor(self.num_env_threads) as pool:
+      reset = self._reset_all(pool, [slots[r] for r in roots], timing)
+      envs: dict[int, object] = {}
+      pending: dict[int, tuple[str, list[int]]] = {}
+      for r, (env, out) in zip(roots, reset):
+        s = slots[r]
+        if out is None:
+          ledger.record_session(s)
+          continue
+        envs[r] = env
+        s.prompt = out.prompt
+        if not s.env_name:
+          s.env_name = getattr(env, "name", "") or type(env).__name__
+        pending[r] = (out.observation, list(self.tokenizer.observation_ids(out.observation, out.prompt)))
+
+      state = self.sampler.init_state(n, self.context_cap)
+      turn = 0
+      while pending:
+        lengths = np.asarray(self.sampler.lengths(state))
+        for r in sorted(pending):
+          if lengths[r] + len(pending[r][1]) + self.turn_token_budget > self.context_cap:
+            slots[r].final_observation = pending.pop(r)[0]
+            slots[r].finish("context_cap")
+            ledger.record_session(slots[r])
+        if not pending:
+          break
+        new_tokens = [pending[r][1] if r in pending else [] for r in range(n)]
+        t0 = time.perf_counter()
+        state = jax.block_until_ready(self.sampler.append(state, new_tokens))
+        timing["prefill"] += time.perf_counter() - t0
+        ledger.record_prefill(turn, sum(len(p[1]) for p in pending.values()))
+
+        if turn in self.tree.branch_turns:
+          t0 = time.perf_counter()
+          state = self._branch(state, turn, slots, envs, pending)
+          timing["env"] += time.perf_counter() - t0
+
+        rows = sorted(pending)
+        active = np.zeros(n, bool)
+        active[rows] = True
+        rng, key = jax.random.split(rng)
+        version = int(self.sampler.version)
+        t0 = time.perf_counter()
+        out, state = self.sampler.generate(state, key, self.turn_token_budget, active=active,
+                                           params=self.sampling)
+        timing["generate"] += time.perf_counter() - t0
+
+        actions = {}
+        for r in rows:
+          ids = [int(x) for x in np.asarray(out.tokens[r]).reshape(-1)]
+          stopped = bool(ids) and ids[-1] in self.stop_ids
+          actions[r] = (ids, self.tokenizer.decode(ids[:-1] if stopped else ids))
+          ledger.record_generated(turn, len(ids))
+
+        t0 = time.perf_counter()
+        steps = dict(zip(rows, pool.map(lambda r: _call(envs[r].step, actions[r][1]), rows)))
+        timing["env"] += time.perf_counter() - t0
+
+        next_pending = {}
+        for r in rows:
+          nxt = self._record_turn(slots[r], pending[r], actions[r], out.logps[r], version,
+                                  bool(out.hit_budget[r]), bool(out.ended_by_capacity[r]), *steps[r])
+          if nxt is not None:
+            next_pending[r] = nxt
+          else:
+            ledger.record_session(slots[r])
+            envs.pop(r, None)
+        pending = next_pending
+        turn += 1
+
+    sessions = [s for s in slots if s is not None]
+    timing_rec = RolloutTiming(timing["generate"], timing["prefill"], timing["env"],
+                               time.perf_counter() - t_start)
+    return RolloutResult(sessions, ledger, timing_rec)
+
+  def _branch(self, state, turn: int, slots: list, envs: dict, pending: dict):
+    """Forks every live row into `width` siblings (env clone + cache row copy)."""
+    depth = self.tree.branch_turns.index(turn)
+    stride = self.tree.leaves // self.tree.width ** (depth + 1)
+    src, dst = [], []
+    for r in sorted(pending):
+      parent = slots[r]
+      for j in range(1, self.tree.width):
+        c = r + j * stride
+        if slots[c] is not None:
+          raise RuntimeError(f"tree layout: row {c} is already taken (forking row {r} at turn {turn})")
+        slots[c] = Session(session_id=parent.session_id + j * stride, task_id=parent.task_id,
+                           group_id=parent.group_id, seed=parent.seed, env_name=parent.env_name,
+                           tree_id=parent.tree_id, node_id=parent.node_id + j * stride,
+                           branch_of=(parent.session_id, turn), prompt=parent.prompt,
+                           turns=list(parent.turns))
+        envs[c] = clone_env(envs[r])
+        pending[c] = pending[r]
+        src.append(r)
+        dst.append(c)
+    return self.sampler.copy_rows(state, src, dst)

@@ -1,0 +1,67 @@
+"""Continuations from forked histories with the real sampler: under greedy
+decoding every continuation must replay the session's own future exactly."""
+import jax
+import numpy as np
+from flax import nnx
+
+from mtrl_jax.envs import registry
+from mtrl_jax.envs.base import Env, Reset, Step
+from mtrl_jax.lab.continuations import continue_from
+from mtrl_jax.lab.credit_accuracy import histories
+from mtrl_jax.models.config import ModelConfig
+from mtrl_jax.models.tokenizer import ByteTokenizer
+from mtrl_jax.models.transformer import Transformer
+from mtrl_jax.rollout.engine import RolloutEngine
+from mtrl_jax.sampling.sampler import Sampler, SamplingParams
+
+TOK = ByteTokenizer()
+CFG = ModelConfig(vocab_size=264, dim=32, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=8, mlp_dim=64,
+                  tie_embeddings=False)
+registry.names()
+
+
+class LenEnv(Env):
+  """Reward: the action's character codes summed, mod 5; the observation shows the running total."""
+
+  def __init__(self, horizon: int = 3):
+    self.max_turns = horizon
+
+  def _reset(self, seed):
+    self.total = self.rng.randrange(5)
+    return Reset("len", f"total {self.total}")
+
+  def _step(self, action):
+    r = float(sum(ord(ch) for ch in action) % 5)
+    self.total += r
+    return Step(f"total {self.total:g}", r, False, False, {})
+
+  def expert_action(self):
+    return "ab"
+
+  def random_action(self, rng):
+    return "a" * rng.randrange(4)
+
+
+def test_greedy_continuations_return_the_sessions_return_to_go():
+  """A greedy policy is deterministic, so V(h_t) is the session's own return
+  from turn t, in every one of the K continuations (the env pays a checksum of the action,
+  so returns differ between sessions and turns). Catches a history whose tokens or env
+  state are off by a turn (the continuation then acts on another state) and
+  continuations whose returns are not summed from turn t."""
+  model = Transformer(CFG, rngs=nnx.Rngs(1))
+  # A wide random head: greedy then picks varied byte tokens (not one special id).
+  model.lm_head[...] = 0.5 * jax.random.normal(jax.random.key(2), model.lm_head[...].shape)
+  sampler = Sampler.from_model(model, pad_id=TOK.pad_id, stop_ids=[TOK.eos_id], log_compiles=False)
+  factory = LenEnv
+  greedy = SamplingParams(greedy=True)
+  engine = RolloutEngine(sampler, TOK, factory, group_size=1, turn_token_budget=6, context_cap=256,
+                         sampling=greedy, num_env_threads=2)
+  sessions = engine.run(list(range(6)), jax.random.key(0)).sessions
+  starts = histories(sessions, factory)
+  assert len(starts) == sum(s.num_turns for s in sessions)
+  cont = continue_from(sampler, TOK, starts, 3, turn_budget=6, context_cap=256, sampling=greedy,
+                       rng=jax.random.key(1), rows_per_call=12)
+  expected = np.concatenate([np.cumsum([t.reward for t in s.turns][::-1])[::-1] for s in sessions])
+  np.testing.assert_allclose(cont.returns_sk, np.repeat(expected[:, None], 3, axis=1), atol=1e-6)
+  assert len({float(x) for x in expected}) > 2
+  assert cont.tokens_generated > 0 and cont.tokens_prefilled > 0
