@@ -39,6 +39,8 @@ def _parse():
   p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
   p.add_argument("files", nargs="*",
                  help="module names under mtrl_jax/credit (default: all)")
+  p.add_argument("--tests", nargs="+", default=None,
+                 help="test files to map and run (default: setup.cfg's, tests/credit)")
   p.add_argument("--max-examples", type=int, default=5,
                  help="cap on each property test's examples (0: no cap)")
   p.add_argument("--jit", action="store_true",
@@ -172,6 +174,8 @@ def main():
   # verdict from an earlier run; its stats (test -> functions) are reused,
   # and only tests it has not seen before are mapped again.
   names = tuple(f"mtrl_jax.credit.{f}.*" for f in (ARGS.files or ["*"]))
+  if ARGS.tests:
+    mm.config().pytest_add_cli_args_test_selection = list(ARGS.tests)
   mm.get_mutant_runner = lambda max_workers=1: InProcessRunner()
   start = time.time()
   mm._run(names, max_children=1)
@@ -184,7 +188,7 @@ def main():
     total.update(counts)
     print(f"{path:40s} " + ", ".join(f"{k} {v}" for k, v in sorted(counts.items())))
   print(f"{'total':40s} " + ", ".join(f"{k} {v}" for k, v in sorted(total.items())))
-  out = dict(files=ARGS.files, wall_s=wall, max_examples=ARGS.max_examples, jit=ARGS.jit,
+  out = dict(files=ARGS.files, tests=ARGS.tests, wall_s=wall, max_examples=ARGS.max_examples, jit=ARGS.jit,
              per_file=per_file, total=dict(total), survivors=survivors)
   Path("mutants/summary.json").write_text(json.dumps(out, indent=1))
 
