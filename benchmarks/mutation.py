@@ -174,6 +174,8 @@ def main():
   # verdict from an earlier run; its stats (test -> functions) are reused,
   # and only tests it has not seen before are mapped again.
   names = tuple(f"mtrl_jax.credit.{f}.*" for f in (ARGS.files or ["*"]))
+  if ARGS.files:  # generate mutants of these files only (all of credit/ takes minutes)
+    mm.config().only_mutate = [f"mtrl_jax/credit/{f}.py" for f in ARGS.files]
   if ARGS.tests:
     mm.config().pytest_add_cli_args_test_selection = list(ARGS.tests)
   mm.get_mutant_runner = lambda max_workers=1: InProcessRunner()
