@@ -48,6 +48,11 @@ def _parse():
   p.add_argument("--fresh", action="store_true",
                  help="delete mutants/ first (needed after editing credit/: mutmut "
                  "does not re-copy a source file it copied before)")
+  p.add_argument("--summary", action="store_true",
+                 help="only print the counts stored in mutants/ (e.g. of a stopped run)")
+  p.add_argument("--skip-clean-run", action="store_true",
+                 help="skip mutmut's run of the unmutated tests (only when mutants/ "
+                 "holds a stats pass, which passed, of the same code and tests)")
   p.add_argument("--timeout-factor", type=float, default=10.0)
   p.add_argument("--timeout-const", type=float, default=20.0)
   return p.parse_args()
@@ -126,7 +131,9 @@ class InProcessRunner(MutantRunner):
                                   duration=time.time() - start))
 
   def has_capacity(self):
-    return True
+    # Each verdict is handed back (and saved by mutmut) before the next mutant
+    # runs, so an interrupted run keeps what it tested.
+    return not self.done
 
   def wait_for_result(self, timeout=None):
     return self.done.pop(0)
@@ -144,6 +151,8 @@ class InProcessRunner(MutantRunner):
     return self.tests.run_stats(tests=tests or [])
 
   def run_clean_tests(self, tests):
+    if ARGS.skip_clean_run:
+      return 0
     return self.tests.run_tests(mutant_name=None, tests=tests)
 
   def run_forced_fail(self):
@@ -167,7 +176,26 @@ def summary(selected):
   return per_file, survivors
 
 
+def print_summary(wall=None):
+  per_file, survivors = summary(set(ARGS.files))
+  total = Counter()
+  if wall is not None:
+    print(f"\nwall time {wall:.0f} s; max examples per property test: "
+          f"{ARGS.max_examples or 'as written'}; jit {'on' if ARGS.jit else 'off'}")
+  for path, counts in per_file.items():
+    total.update(counts)
+    print(f"{path:40s} " + ", ".join(f"{k} {v}" for k, v in sorted(counts.items())))
+  print(f"{'total':40s} " + ", ".join(f"{k} {v}" for k, v in sorted(total.items())))
+  for path, names in survivors.items():
+    for name in names:
+      print("survivor", name)
+  return per_file, survivors, total
+
+
 def main():
+  if ARGS.summary:
+    print_summary()
+    return
   if ARGS.fresh:
     shutil.rmtree("mutants", ignore_errors=True)
   # Naming the mutants makes mutmut retest them even if mutants/ holds a
@@ -182,14 +210,7 @@ def main():
   start = time.time()
   mm._run(names, max_children=1)
   wall = time.time() - start
-  per_file, survivors = summary(set(ARGS.files))
-  total = Counter()
-  print(f"\nwall time {wall:.0f} s; max examples per property test: "
-        f"{ARGS.max_examples or 'as written'}; jit {'on' if ARGS.jit else 'off'}")
-  for path, counts in per_file.items():
-    total.update(counts)
-    print(f"{path:40s} " + ", ".join(f"{k} {v}" for k, v in sorted(counts.items())))
-  print(f"{'total':40s} " + ", ".join(f"{k} {v}" for k, v in sorted(total.items())))
+  per_file, survivors, total = print_summary(wall)
   out = dict(files=ARGS.files, tests=ARGS.tests, wall_s=wall, max_examples=ARGS.max_examples, jit=ARGS.jit,
              per_file=per_file, total=dict(total), survivors=survivors)
   Path("mutants/summary.json").write_text(json.dumps(out, indent=1))
