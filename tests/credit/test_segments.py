@@ -163,4 +163,7 @@ def test_reverse_cumcount_counts_later_mask_tokens(seed, t):
   rng = np.random.default_rng(seed)
   m = rng.random((3, t)) < 0.5
   expect = np.array([[m[i, j + 1:].sum() for j in range(t)] for i in range(3)])
-  np.testing.assert_array_equal(np.asarray(reverse_cumcount(jnp.asarray(m))), expect)
+  for mask in (m, m.astype(np.float32)):  # bool or float loss masks
+    got = reverse_cumcount(jnp.asarray(mask))
+    np.testing.assert_array_equal(np.asarray(got), expect)
+    assert got.dtype == np.int32  # a count (used as an exponent of gamma*lambda)
