@@ -2,12 +2,12 @@
 sessions (ragged turns, padding rows, sparse ids), for every normalisation
 option; return_to_go also in the per-turn layout.
 
-Breaks these catch (checked by editing a scratch copy): tree adding the
-group term twice instead of the tree term; rloo dividing by cnt instead of
-cnt - 1, or giving a lone session a non-zero advantage; return_to_go with
-`b / k` segments, a 'group' norm that splits by turn, a 'global' norm over
-two segments, G built with `- gamma` or without `reverse`; eps / ddof /
-scale_by_std not passed through.
+Break checked to fail here (the mutant, run with jit off against this file):
+discounted_turn_returns scanning forwards (`reverse=False`) fails
+test_return_to_go_matches_numpy. Meant to catch as well (not run one by
+one): tree adding the group term twice; rloo dividing by cnt instead of
+cnt - 1, or giving a lone session an advantage; return_to_go with wrong
+segment ids for a norm; eps / ddof / scale_by_std not passed through.
 """
 import numpy as np
 import pytest

@@ -2,12 +2,13 @@
 numpy references on random inputs (ids with repeats and gaps, empty rows,
 turn indices out of range, several shapes).
 
-Breaks these catch (checked by editing a scratch copy): dense_rank comparing
-srt[2:] or srt[:+1], or `==` for `!=`; segment_normalize with `+ eps` turned
-into `- eps`, `cnt - ddof` into `cnt + ddof`, a default eps / ddof /
-scale_by_std changed; episode_table's `first_e < b` as `<=` or `valid_e`
-ignoring the action mask; turn_table counting turns >= K or non-action
-tokens, or swapping first/last; reverse_cumcount counting the token itself.
+Breaks checked to fail here (the mutants, run against this file with jit
+off): segment_normalize with `+ eps` turned into `- eps` (both normalize
+tests) and `cnt - ddof` into `cnt + ddof` (the numpy comparison);
+reverse_cumcount returning floats. Meant to catch as well (not run one by
+one): dense_rank comparing the wrong neighbours; a default eps / ddof /
+scale_by_std changed; episode_table's first row or validity wrong;
+turn_table counting turns >= K or non-action tokens, or swapping first/last.
 """
 import jax.numpy as jnp
 import numpy as np
