@@ -29,7 +29,8 @@ setup(
     extras_require={
         "hf": HF,
         "textarena": TEXTARENA,
-        "dev": ["pytest>=8", "pytest-xdist>=3.5", "hypothesis>=6.100", "rlax>=0.1.6"]
+        "dev": ["pytest>=8", "pytest-xdist>=3.5", "hypothesis>=6.100", "rlax>=0.1.6",
+                "mutmut>=3.8"]
         + HF
         + TEXTARENA,
     },

@@ -120,9 +120,11 @@ def turn_table(reward_bt, loss_mask_bt, turn_idx_bt, ep_b, max_turns: int) -> Tu
   m = (loss_mask_bt > 0) & (turn_idx_bt >= 0) & (turn_idx_bt < k)
   seg = jnp.where(m, ep_b[:, None] * k + turn_idx_bt, b * k).reshape(-1)
   n = b * k + 1  # the last segment collects everything that is not counted
-  flat = jnp.arange(b * t, dtype=jnp.int32)
+  # Equivalent mutants: without the dtype, arange's default int is int32 too.
+  flat = jnp.arange(b * t, dtype=jnp.int32)  # pragma: no mutate
   mf = m.reshape(-1)
-  r = jnp.where(mf, reward_bt.reshape(-1), 0.0)
+  # Equivalent mutants: the fill value lands only in the dropped segment b*k.
+  r = jnp.where(mf, reward_bt.reshape(-1), 0.0)  # pragma: no mutate
   reward_ek = jax.ops.segment_sum(r, seg, num_segments=n)[:-1].reshape(b, k)
   count_ek = jax.ops.segment_sum(mf.astype(jnp.int32), seg, num_segments=n)
   count_ek = count_ek[:-1].reshape(b, k)
