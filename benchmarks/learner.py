@@ -224,8 +224,11 @@ def max_fitting_seq(cfg, start: int, limit: int) -> tuple[int, list]:
       r = run_on_device(cfg, t, steps=1)
       tried.append({"seq_len": t, "ok": True, "step_s": r["step_s"], "tok_s": r["tok_s"]})
       best = t
+      print(f"  T={t}: runs, {r['step_s']:.2f} s per update, {r['tok_s']:.0f} tok/s, "
+            f"MFU {r['mfu']}", flush=True)
     except Exception as e:  # XlaRuntimeError RESOURCE_EXHAUSTED and friends
       tried.append({"seq_len": t, "ok": False, "error": f"{type(e).__name__}: {str(e)[:200]}"})
+      print(f"  T={t}: fails ({tried[-1]['error']})", flush=True)
       break
     t *= 2
   return best, tried

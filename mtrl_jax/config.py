@@ -14,6 +14,7 @@ CRITIC_KINDS = ("none", "separate", "head")
 AGGREGATIONS = ("token_mean", "seq_mean_token_mean", "seq_mean_token_sum")
 KL_TYPES = ("k1", "k3")
 KL_MODES = ("loss", "reward")
+AAW_ESTIMATORS = ("grpo", "ms_grpo")
 
 
 def base_config() -> ml_collections.ConfigDict:
@@ -26,6 +27,10 @@ def base_config() -> ml_collections.ConfigDict:
       vocab_size=264, dim=64, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=16, mlp_dim=192,
       rope_theta=10_000.0, norm_eps=1e-6, qkv_bias=False, tie_embeddings=True,
       dtype="float32", param_dtype="float32",
+      attention="auto",  # training-path kernel: auto | xla | cudnn | splash | blockwise
+      attention_block=512,
+      scan_layers=False,  # stack the blocks and scan them: compile time flat in depth
+      remat="none",  # none | full | dots | dots_no_batch (see models/config.py)
       logits_chunk=0,  # > 0: the learner's log-probs in chunks of this many positions (memory)
   ))
   c.hf_dir = ""  # a local HF folder (Llama/Qwen2) to start the policy from instead
@@ -83,6 +88,9 @@ def base_config() -> ml_collections.ConfigDict:
       pack=False,
       pack_len=0,  # packed row length; 0 = the batch's longest sample (bucketed). With
       # seq_mean_token_sum and no norm_len, the divisor is the packed row length.
+      # Absolute-advantage-weighted episode sampling (MS-GRPO): train on
+      # round(aaw_fraction x episodes) episodes drawn with p ~ |A| + aaw_floor.
+      aaw=False, aaw_fraction=0.5, aaw_floor=0.0,
   ))
 
   # eval/success samples at the rollout temperature; greedy=True adds eval/greedy_*.
@@ -135,6 +143,15 @@ def validate(c: ml_collections.ConfigDict, num_devices: int | None = None) -> No
   _check(c.rl.kl_mode in KL_MODES, "rl.kl_mode", f"{c.rl.kl_mode!r} not in {KL_MODES}")
   _check(c.critic.kind in CRITIC_KINDS, "critic.kind", f"{c.critic.kind!r} not in {CRITIC_KINDS}")
   _check(0.0 < c.rl.entropy_mask_rho <= 1.0, "rl.entropy_mask_rho", "must be in (0, 1]")
+  _check(isinstance(c.rl.aaw, bool), "rl.aaw", f"must be True or False, got {c.rl.aaw!r}")
+  _check(0.0 < c.rl.aaw_fraction <= 1.0, "rl.aaw_fraction",
+         f"the fraction of episodes AAW keeps must be in (0, 1], got {c.rl.aaw_fraction!r}")
+  _check(c.rl.aaw_floor >= 0.0, "rl.aaw_floor", f"must be >= 0, got {c.rl.aaw_floor!r}")
+  _check(not (c.rl.aaw and c.rl.pack), "rl.aaw",
+         "AAW draws whole one-session rows; set rl.pack=False to use it")
+  _check(not c.rl.aaw or c.rl.estimator in AAW_ESTIMATORS, "rl.aaw",
+         f"AAW weighs episodes by the outcome advantage; it needs rl.estimator in {AAW_ESTIMATORS}, "
+         f"got {c.rl.estimator!r}")
   _check(0.0 <= c.demos.quality <= 1.0, "demos.quality", f"must be in [0, 1], got {c.demos.quality}")
   _check(c.rollout.temperature > 0, "rollout.temperature", "must be > 0 (use eval greedy for argmax)")
   _check(c.asynchronous.eta >= 0, "asynchronous.eta", f"must be >= 0, got {c.asynchronous.eta}")

@@ -5,7 +5,22 @@ import dataclasses
 
 import jax.numpy as jnp
 
+from mtrl_jax.models.attention import ATTENTION_IMPLS
+
 _DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
+# What a rematerialised block keeps from its forward for the backward (the
+# jax.checkpoint_policies behind each name are in transformer.py):
+#   none           no remat: every intermediate is kept (fastest, most memory)
+#   full           only the block's inputs; the whole block is recomputed
+#   dots           every matmul output; the elementwise work is recomputed
+#   dots_no_batch  matmul outputs with no batch dimension (weights-only
+#                  products), i.e. not the attention score/value products
+REMAT_POLICIES = ("none", "full", "dots", "dots_no_batch")
+
+
+# Fields that say how the model runs, not what it computes: a Hugging Face
+# checkpoint fixes every other field, these stay the user's choice.
+RUNTIME_FIELDS = ("attention", "attention_block", "scan_layers", "remat", "logits_chunk")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -29,13 +44,22 @@ class ModelConfig:
   tie_embeddings: bool = True
   dtype: str = "float32"  # activations / matmul inputs
   param_dtype: str = "float32"  # stored weights
+  # Training-path (no KV cache) attention kernel; see mtrl_jax/models/attention.py.
+  attention: str = "auto"
+  attention_block: int = 512  # q and kv block size of the blockwise / splash kernels
+  # Blocks' weights stacked on a leading "layers" axis and run by one scan, so
+  # compile time does not grow with depth. Changes the parameter tree (not
+  # the numbers): see mtrl_jax/models/layout.py to convert.
+  scan_layers: bool = False
+  remat: str = "none"  # one of REMAT_POLICIES; only the cache-free (training) forward
   # Sequence positions per chunk when the learner turns hidden states into
   # log-probs: [B, chunk, V] logits exist at a time instead of [B, T, V]
   # (forward and backward). 0 = all T at once. Memory only; numbers are equal.
   logits_chunk: int = 0
 
   def __post_init__(self):
-    for name in ("vocab_size", "dim", "n_layers", "n_heads", "n_kv_heads", "head_dim", "mlp_dim"):
+    for name in ("vocab_size", "dim", "n_layers", "n_heads", "n_kv_heads", "head_dim", "mlp_dim",
+                 "attention_block"):
       if getattr(self, name) <= 0:
         raise ValueError(f"ModelConfig.{name} must be positive, got {getattr(self, name)}")
     if self.logits_chunk < 0:
@@ -46,9 +70,15 @@ class ModelConfig:
           f"ModelConfig.n_kv_heads ({self.n_kv_heads}) for grouped-query attention")
     if self.head_dim % 2:
       raise ValueError(f"ModelConfig.head_dim must be even for RoPE, got {self.head_dim}")
+    if self.attention not in ATTENTION_IMPLS:
+      raise ValueError(f"ModelConfig.attention={self.attention!r}; choose one of {ATTENTION_IMPLS}")
     for name in ("dtype", "param_dtype"):
       if getattr(self, name) not in _DTYPES:
         raise ValueError(f"ModelConfig.{name}={getattr(self, name)!r}; choose one of {sorted(_DTYPES)}")
+    if self.remat not in REMAT_POLICIES:
+      raise ValueError(f"ModelConfig.remat={self.remat!r}; choose one of {list(REMAT_POLICIES)}")
+    if not isinstance(self.scan_layers, bool):
+      raise ValueError(f"ModelConfig.scan_layers must be a bool, got {self.scan_layers!r}")
 
   @property
   def compute_dtype(self):

@@ -12,6 +12,7 @@ only there).
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 from typing import Callable, Mapping, NamedTuple
@@ -178,6 +179,23 @@ def tensor_map(path: tuple, cfg: ModelConfig) -> TensorMap:
   return TensorMap(pre + name, shape, to_ours, to_hf)
 
 
+def _is_stacked(path: tuple) -> bool:
+  """A scanned model's block parameter: ('layers', 'attn', 'wq') holds all layers."""
+  return len(path) >= 2 and path[0] == "layers" and not isinstance(path[1], int)
+
+
+def tensor_maps(path: tuple, cfg: ModelConfig) -> list[TensorMap]:
+  """The HF tensors behind our parameter at `path`, in the order they stack.
+
+  One for an unrolled parameter; one per layer (layer 0 first) for a block
+  parameter of a scanned model, whose rows are the layers.
+  """
+  path = tuple(path)
+  if _is_stacked(path):
+    return [tensor_map(("layers", i, *path[1:]), cfg) for i in range(cfg.n_layers)]
+  return [tensor_map(path, cfg)]
+
+
 class Checkpoint:
   """Lazy reader of the safetensors files of one folder, tensor by tensor."""
 
@@ -230,10 +248,11 @@ def _fill(cfg: ModelConfig, ckpt: Checkpoint, params) -> list[str]:
   """Writes checkpoint tensors into `params` (a model's Param state); returns the HF names read."""
   used = []
   for path, var in nnx.to_flat_state(params):
-    tm = tensor_map(tuple(path), cfg)
-    arr = tm.to_ours(ckpt.read(tm.hf_name, tm.hf_shape))
+    tms = tensor_maps(tuple(path), cfg)
+    arrs = [tm.to_ours(ckpt.read(tm.hf_name, tm.hf_shape)) for tm in tms]
+    arr = np.stack(arrs) if _is_stacked(tuple(path)) else arrs[0]
     var.set_value(_place(arr, var, var.get_value().dtype))
-    used.append(tm.hf_name)
+    used.extend(tm.hf_name for tm in tms)
   return used
 
 
@@ -246,13 +265,15 @@ def _check_unused(ckpt: Checkpoint, used: list[str], allowed_extra=()) -> None:
                      f"{' ...' if len(extra) > 8 else ''}")
 
 
-def load_policy(hf_dir: str, *, dtype: str = "float32", logits_chunk: int = 0) -> Transformer:
+def load_policy(hf_dir: str, *, dtype: str = "float32", **switches) -> Transformer:
   """A policy Transformer with the weights of a local Llama/Qwen2 folder.
 
   The module is built abstractly (no random init) and filled tensor by tensor;
   inside `jax.set_mesh` + `nnx.logical_axis_rules` each weight lands sharded.
+  `scan_layers`/`remat` are ours, not the checkpoint's (see ModelConfig); with
+  scan_layers the per-layer HF tensors are stacked into the layer axis.
   """
-  cfg = config_from_hf(read_hf_config(hf_dir), dtype=dtype, logits_chunk=logits_chunk)
+  cfg = dataclasses.replace(config_from_hf(read_hf_config(hf_dir), dtype=dtype), **switches)
   ckpt = Checkpoint(hf_dir)
   abstract = nnx.eval_shape(lambda: Transformer(cfg, rngs=nnx.Rngs(0)))
   graphdef, params, rest = nnx.split(abstract, nnx.Param, ...)
@@ -321,8 +342,11 @@ def export_policy(model: Transformer, out_dir: str, *, architecture_name: str | 
   os.makedirs(out_dir, exist_ok=True)
   tensors = {}
   for path, var in nnx.to_flat_state(nnx.state(model, nnx.Param)):
-    tm = tensor_map(tuple(path), model.cfg)
-    tensors[tm.hf_name] = np.ascontiguousarray(tm.to_hf(np.asarray(jax.device_get(var.get_value()))))
+    value = np.asarray(jax.device_get(var.get_value()))
+    tms = tensor_maps(tuple(path), model.cfg)
+    rows = list(value) if _is_stacked(tuple(path)) else [value]  # a scanned block: one row per layer
+    for tm, row in zip(tms, rows, strict=True):
+      tensors[tm.hf_name] = np.ascontiguousarray(tm.to_hf(row))
   with open(os.path.join(out_dir, "config.json"), "w") as f:
     json.dump(hf_config_from(model.cfg, architecture_name), f, indent=2)
   save_file(tensors, os.path.join(out_dir, _SINGLE_FILE), metadata={"format": "pt"})

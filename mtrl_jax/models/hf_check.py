@@ -86,11 +86,12 @@ def _hf_reference(hf_dir: str, tokens_bt: np.ndarray, n_new: int):
 
 
 def compare(hf_dir: str, *, seed: int = 0, batch: int = 2, length: int = 24,
-            n_new: int = 32) -> tuple[dict, CheckResult]:
-  """Runs the same seeded random tokens through both implementations."""
+            n_new: int = 32, scan_layers: bool = False) -> tuple[dict, CheckResult]:
+  """Runs the same seeded random tokens through both implementations
+  (ours in the scanned block layout when `scan_layers`)."""
   cfg = hf.config_from_hf(hf.read_hf_config(hf_dir))
   tokens_bt = np.random.default_rng(seed).integers(0, cfg.vocab_size, (batch, length), dtype=np.int64)
-  model = hf.load_policy(hf_dir, dtype="float32")
+  model = hf.load_policy(hf_dir, dtype="float32", scan_layers=scan_layers)
   ours_btv = full_logits(model, tokens_bt)
   ours_bn = greedy_continuation(model, tokens_bt, n_new)
   theirs_btv, theirs_bn = _hf_reference(hf_dir, tokens_bt, n_new)
@@ -121,14 +122,16 @@ def main(argv: Sequence[str]) -> int:
   check.add_argument("--length", type=int, default=24)
   check.add_argument("--new_tokens", type=int, default=32)
   check.add_argument("--tol", type=float, default=1e-4)
+  check.add_argument("--scan_layers", action="store_true",
+                     help="load into the scanned (stacked-blocks) layout")
   args = parser.parse_args(list(argv))
 
   info, r = compare(args.hf_dir, seed=args.seed, batch=args.batch, length=args.length,
-                    n_new=args.new_tokens)
+                    n_new=args.new_tokens, scan_layers=args.scan_layers)
   ok = r.max_abs_logit_diff <= args.tol and r.greedy_match
   print(json.dumps({
       **info, "batch": args.batch, "length": args.length, "new_tokens": args.new_tokens,
-      "seed": args.seed, "max_abs_logit_diff": r.max_abs_logit_diff,
+      "seed": args.seed, "scan_layers": args.scan_layers, "max_abs_logit_diff": r.max_abs_logit_diff,
       "max_abs_logit": r.max_abs_logit, "greedy_match": r.greedy_match,
       "greedy_first_mismatch": r.greedy_first_mismatch, "tol": args.tol, "ok": ok,
   }), flush=True)

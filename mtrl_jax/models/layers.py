@@ -11,6 +11,7 @@ import jax.numpy as jnp
 from flax import nnx
 from flax.core import spmd as core_spmd
 
+from mtrl_jax.models.attention import attention
 from mtrl_jax.models.config import ModelConfig
 
 
@@ -84,12 +85,17 @@ class Attention(nnx.Module):
       self.bk = _param(rngs, zeros, (kv, hd), ("kv_heads", "head_dim"), pdt)
       self.bv = _param(rngs, zeros, (kv, hd), ("kv_heads", "head_dim"), pdt)
 
-  def __call__(self, x_btd, pos_bt, k_cache, v_cache, write_pos_bt, kv_len_b):
+  def __call__(self, x_btd, pos_bt, k_cache, v_cache, write_pos_bt, kv_len_b, segment_ids_bt=None):
     """Attends the new tokens to the cache (or to themselves when no cache).
 
     k_cache/v_cache: [B,KV,S,hd] or None. write_pos_bt: the cache slot of each
     new token (= its RoPE position). kv_len_b: valid cache length per row after
     this call's writes; slots at or beyond it are never attended.
+
+    Without a cache (training) the mask is causal by index within the row and,
+    given `segment_ids_bt` [B,T], restricted to the token's own segment
+    (packed rows); `cfg.attention` picks the kernel (models/attention.py) and
+    pos_bt only rotates q/k, so it may restart in each segment.
     """
     cfg, dt = self.cfg, self.cfg.compute_dtype
     x = x_btd.astype(dt)
@@ -103,8 +109,13 @@ class Attention(nnx.Module):
     v = shard(v, ("batch", "length", "kv_heads", "head_dim"))
 
     if k_cache is None:
-      keys, vals, key_pos = k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3), pos_bt
+      out = attention(q, k, v, segment_ids_bt=segment_ids_bt, impl=cfg.attention,
+                      block_q=cfg.attention_block, block_kv=cfg.attention_block)
+      y = jnp.einsum("bthk,hkd->btd", out, self.wo[...].astype(dt))
+      return shard(y, ("batch", "length", "embed")), k_cache, v_cache
     else:
+      if segment_ids_bt is not None:
+        raise ValueError("segment_ids_bt is for the training path only (no KV cache)")
       # Scatter the new tokens into their slots; out-of-range slots are dropped
       # rather than clamped, so an over-full row never corrupts valid entries.
       b_idx = jnp.arange(x.shape[0])[:, None]

@@ -9,6 +9,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from mtrl_jax.models import layout
 from mtrl_jax.models.config import ModelConfig
 from mtrl_jax.models.layers import _param
 from mtrl_jax.models.transformer import Transformer
@@ -33,8 +34,8 @@ class Critic(nnx.Module):
     self.trunk = Transformer(cfg, rngs=rngs, lm_head=False)
     self.head = ValueHead(cfg.dim, cfg.weight_dtype, rngs=rngs)
 
-  def __call__(self, tokens_bt: jax.Array, positions_bt=None) -> jax.Array:
-    h, _ = self.trunk.hidden(tokens_bt, positions_bt=positions_bt)
+  def __call__(self, tokens_bt: jax.Array, positions_bt=None, *, segment_ids_bt=None) -> jax.Array:
+    h, _ = self.trunk.hidden(tokens_bt, positions_bt=positions_bt, segment_ids_bt=segment_ids_bt)
     return self.head(h)
 
   @classmethod
@@ -46,10 +47,15 @@ class Critic(nnx.Module):
 
 
 def copy_trunk(src: Transformer, dst: Transformer) -> None:
-  """Copies every trunk parameter (embedding, blocks, final norm) src -> dst."""
+  """Copies every trunk parameter (embedding, blocks, final norm) src -> dst.
+
+  The two may differ in block layout (`ModelConfig.scan_layers`): src's
+  blocks are stacked or unstacked to dst's first.
+  """
   src_state = nnx.state(src, nnx.Param)
   dst_state = nnx.state(dst, nnx.Param)
-  src_flat = dict(nnx.to_flat_state(src_state))
+  src_flat = nnx.to_flat_state(src_state)
+  src_flat = dict(layout.stack_flat(src_flat) if dst.cfg.scan_layers else layout.unstack_flat(src_flat))
   missing = []
   for path, var in nnx.to_flat_state(dst_state):
     if path not in src_flat:
@@ -68,6 +74,6 @@ class PolicyWithValueHead(nnx.Module):
     self.policy = policy if policy is not None else Transformer(cfg, rngs=rngs)
     self.value_head = ValueHead(cfg.dim, cfg.weight_dtype, rngs=rngs)
 
-  def __call__(self, tokens_bt: jax.Array, positions_bt=None):
-    h, _ = self.policy.hidden(tokens_bt, positions_bt=positions_bt)
+  def __call__(self, tokens_bt: jax.Array, positions_bt=None, *, segment_ids_bt=None):
+    h, _ = self.policy.hidden(tokens_bt, positions_bt=positions_bt, segment_ids_bt=segment_ids_bt)
     return self.policy.logits(h), self.value_head(h)

@@ -23,7 +23,7 @@ Rules = tuple  # tuple[tuple[str, MeshAxes], ...]
 
 # The names in model code (mtrl_jax/models/layers.py, transformer.py, value.py).
 # A new logical name in the model needs a line here and a rule in each preset.
-LOGICAL_AXES = ("batch", "length", "embed", "mlp", "heads", "kv_heads", "head_dim", "vocab")
+LOGICAL_AXES = ("batch", "length", "embed", "mlp", "heads", "kv_heads", "head_dim", "vocab", "layers")
 
 DEFAULT_RULES: Rules = (
     ("batch", ("data", "fsdp")),
@@ -34,6 +34,9 @@ DEFAULT_RULES: Rules = (
     ("kv_heads", "tensor"),
     ("head_dim", None),
     ("vocab", "tensor"),
+    # The stacked-blocks axis of a scanned model (ModelConfig.scan_layers): the
+    # scan reads one layer at a time, so it stays whole on every device.
+    ("layers", None),
 )
 
 # Pure FSDP: the batch is split over every data-like axis, each weight over
@@ -47,6 +50,7 @@ FSDP_RULES: Rules = (
     ("kv_heads", None),
     ("head_dim", None),
     ("vocab", None),
+    ("layers", None),
 )
 
 PRESETS: dict[str, Rules] = {"default": DEFAULT_RULES, "fsdp": FSDP_RULES}

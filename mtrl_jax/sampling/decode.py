@@ -18,7 +18,9 @@ from mtrl_jax.models.transformer import KVCache
 from mtrl_jax.sampling.records import DecodeState
 from mtrl_jax.sampling.topk import SampleMode, choose_tokens
 
-_SLOT_AXIS = 2  # KVCache keys/values are [B, KV, S, hd]
+# KVCache keys/values are [B, KV, S, hd] per layer (a tuple), or [L, B, KV, S, hd]
+# for a scanned model: counted from the end, the slot axis is the same in both.
+_SLOT_AXIS = -2
 
 
 class DecodeOut(NamedTuple):
@@ -37,7 +39,8 @@ def grow_cache(state: DecodeState, *, slots: int) -> DecodeState:
     pad[_SLOT_AXIS] = (0, slots - x.shape[_SLOT_AXIS])
     return jnp.pad(x, pad)
   cache = state.cache
-  return state._replace(cache=KVCache(tuple(map(grow, cache.k)), tuple(map(grow, cache.v)), cache.length_b))
+  # tree.map keeps the layout: a tuple stays a tuple, a stacked array one array.
+  return state._replace(cache=KVCache(jax.tree.map(grow, cache.k), jax.tree.map(grow, cache.v), cache.length_b))
 
 
 def append_tokens(graphdef: nnx.GraphDef, params: nnx.State, state: DecodeState, tokens_bt: jax.Array,

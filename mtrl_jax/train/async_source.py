@@ -102,6 +102,9 @@ class AsyncSource:
   def next_batch(self, step: int) -> tuple[list[Session], dict]:
     """T fresh groups (staleness <= eta against the published version) and their metrics.
 
+    Sessions come sorted by (group_id, session_id), whatever order the actors
+    finished in.
+
     `step` is not used to pick tasks: they follow the group numbering, so a
     source started at `start_step` with one actor playing whole batches and
     eta = 0 gives update `step` the sessions `SyncSource` would.
@@ -116,7 +119,10 @@ class AsyncSource:
       if self.pool.error is not None:
         raise ActorPoolError(f"the actor pool failed: {self.pool.error}") from self.pool.error
       raise
-    sessions = batch.sessions
+    # Canonical order (group index, then session id), not completion order:
+    # with several actors the learner would otherwise see a different row
+    # order (so different minibatches) for the same sessions on every run.
+    sessions = sorted(batch.sessions, key=lambda s: (s.group_id, s.session_id))
     counts = self.queue.counts()
     stats = self.pool.stats()
     d_busy = stats.busy_s - self._last_stats.busy_s

@@ -18,6 +18,7 @@ from absl import logging
 from flax import nnx
 
 from mtrl_jax.credit import registry as credit_registry
+from mtrl_jax.credit.aaw import aaw_sample
 from mtrl_jax.credit.batch import CreditBatch
 from mtrl_jax.credit.losses import PolicyLossConfig
 from mtrl_jax.credit.regularizers import kl_reward_penalty
@@ -51,6 +52,7 @@ class Learner:
     self.version = 0
     self.nonfinite_in_a_row = 0
     self.nonfinite_total = 0
+    self.last_aaw_session_ids: list[int] = []  # what the last rl.aaw update trained on
     self.loss_cfg = PolicyLossConfig(
         eps_low=rl.eps_low, eps_high=rl.eps_high, dual_clip=rl.dual_clip or None,
         agg=rl.aggregation, behav_cap=rl.is_cap if rl.decoupled else None,
@@ -180,8 +182,10 @@ class Learner:
     """One RL update on finished sessions; returns host metrics.
 
     train_policy=False fits only the critic (value pretraining, critic
-    warm-up); `epochs` overrides config.rl.epochs; `poison` is added to the
-    loss (NaN injects a non-finite update in tests).
+    warm-up); `epochs` overrides config.rl.epochs; `poison` scales the loss
+    by (1 + poison), a test hook: NaN makes the loss and its gradients NaN.
+    With config.rl.aaw the update trains only on the episodes drawn by
+    `aaw_rows` (see there).
     """
     c, rl = self.c, self.c.rl
     t0 = time.time()
@@ -194,6 +198,9 @@ class Learner:
       stats["sessions/dropped_uninformative_groups"] = dropped
       trainable = [s for s, k in zip(trainable, keep) if k]
     stats["sessions/trained"] = len(trainable)
+    # Measured from the versions recorded on the tokens, whatever the source claims.
+    oldest = [v for v in (s.min_version() for s in trainable) if v is not None]
+    stats["update/staleness_max"] = float(max((self.version - v for v in oldest), default=0))
     if not trainable:
       logging.warning("update %d: no trainable sessions; skipping", step)
       return {**stats, "update/skipped": 1.0}
@@ -206,6 +213,11 @@ class Learner:
     full = self.rl_batch(pb, plan, prox, ref, adv, target, values)
     rows, row_len = full.tokens_bt.shape
     stats["batch/pad_fraction"] = 1.0 - float(np.sum(pb.length_b)) / (rows * row_len)
+    if rl.get("aaw", False):
+      full, drawn = self._aaw_subsample(pb, full, step)
+      self.last_aaw_session_ids = sorted(trainable[i].session_id for i in drawn)
+      stats["aaw/episodes_drawn"] = len(drawn)
+    rows = full.tokens_bt.shape[0]
     if self.has_values:
       # Held-out fit of the critic: values from before this update's epochs.
       stats["value/explained_variance_before"] = _explained_variance(
@@ -250,6 +262,52 @@ class Learner:
     out["update/ratio_prox_behav_max"] = float(_masked_max(np.exp(np.asarray(prox) - pb.behav_logp_bt),
                                                            pb.loss_mask_bt))
     return out
+
+  def _aaw_subsample(self, pb: PackedBatch, full: RLBatch, step: int):
+    """The rows of the AAW-drawn episodes, padded with masked rows to the batch multiple.
+
+    Advantages were computed on the whole batch first, so each drawn
+    episode keeps its full-group baseline. Returns (batch, drawn session
+    indices into the packed list).
+    """
+    rl = self.c.rl
+    n_ep = len(set(pb.episode_id_b[pb.sample_valid_b > 0].tolist()))
+    num = min(max(1, int(round(rl.aaw_fraction * n_ep))), n_ep)
+    credit = CreditBatch(
+        reward_bt=jnp.asarray(pb.reward_bt), loss_mask_bt=jnp.asarray(pb.loss_mask_bt),
+        turn_idx_bt=jnp.asarray(pb.turn_idx_bt), group_id_b=jnp.asarray(pb.group_id_b),
+        episode_id_b=jnp.asarray(pb.episode_id_b), tree_id_b=jnp.asarray(pb.tree_id_b),
+        return_b=jnp.asarray(pb.return_b))
+    key = jax.random.fold_in(jax.random.key(self.c.seed), step)
+    keep = np.asarray(aaw_rows(key, credit, num, rl.aaw_floor, **_aaw_options(rl)))
+    rows = np.nonzero(keep)[0]
+    multiple = rl.minibatches * num_batch_shards(self.mesh, self.rules)
+    n = -(-len(rows) // multiple) * multiple
+    idx = np.concatenate([rows, np.nonzero(~keep)[0][:n - len(rows)]])
+    out = jax.tree.map(lambda x: np.asarray(x)[idx], full)
+    mask = np.array(out.loss_mask_bt)
+    mask[len(rows):] = 0.0  # filler rows: shapes only, no loss
+    drawn = sorted(set(pb.session_index_b[rows].tolist()))
+    return out._replace(loss_mask_bt=mask), drawn
+
+
+def aaw_rows(key, batch: CreditBatch, num: int, floor: float = 0.0, **adv_options):
+  """bool[B]: every row of `num` episodes drawn by absolute-advantage-weighted sampling.
+
+  What config.rl.aaw implements (ALGORITHMS.md, MS-GRPO item 2): the episode
+  advantage A_i is the GRPO / MS-GRPO one, (R_i - mean_g R) / (std_g R + eps),
+  over the whole batch; `num` distinct episodes are drawn without
+  replacement with probability proportional to |A_i| + floor (uniform if all
+  are 0; see `credit.aaw`); a drawn episode brings all its rows (every turn
+  row in the per-turn layout).
+  """
+  keep_b, _, _, _ = aaw_sample(key, batch, num, floor=floor, **adv_options)
+  return keep_b
+
+
+def _aaw_options(rl) -> dict:
+  """The estimator's own advantage options, so AAW weighs by the advantage it trains with."""
+  return {k: v for k, v in dict(rl.estimator_kwargs).items() if k in ("eps", "scale_by_std", "ddof")}
 
 
 def monte_carlo_targets(batch: CreditBatch):

@@ -51,7 +51,7 @@ class StepFlags(NamedTuple):
   """Per-call scalars (replicated): which parts train, and a test hook."""
   train_policy: jax.Array  # 1.0, or 0.0 during critic warm-up / value pretraining
   train_critic: jax.Array
-  poison: jax.Array  # added to the loss; NaN injects a non-finite update in tests
+  poison: jax.Array  # test hook: the loss is scaled by (1 + poison); NaN makes loss AND gradients NaN
 
 
 def _segments(segment_ids_bt) -> dict:
@@ -116,7 +116,8 @@ def make_rl_step(policy_gd, critic_gd, tx_policy: optax.GradientTransformation,
                                   batch.loss_mask_bt, clip_eps=value_clip)
       diag.update(v_diag)
       total = total + value_coef * flags.train_critic * v_loss
-    total = total + flags.poison
+    # Multiplied in (not added) so that NaN reaches every gradient, not only the loss.
+    total = total * (1.0 + flags.poison)
     return total, diag
 
   def step(state: LearnerState, batch: RLBatch, flags: StepFlags):

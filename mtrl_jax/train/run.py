@@ -8,6 +8,7 @@ same command continues where the last run stopped.
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import time
@@ -22,7 +23,7 @@ from mtrl_jax import config as config_lib
 from mtrl_jax.data import demos as demos_lib
 from mtrl_jax.envs import registry as env_registry
 from mtrl_jax.metrics import MetricsWriter, Progress, say
-from mtrl_jax.models.config import ModelConfig
+from mtrl_jax.models.config import RUNTIME_FIELDS, ModelConfig
 from mtrl_jax.models.tokenizer import ByteTokenizer, HFTokenizer
 from mtrl_jax.models.transformer import Transformer
 from mtrl_jax.models.value import Critic, PolicyWithValueHead
@@ -73,12 +74,18 @@ class Run:
         json.dump(_jsonable(c), f, indent=1)
 
   # ---------------------------------------------------------------- models
+  def _switches(self) -> dict:
+    """The model's runtime fields (attention kernel, layout, remat, chunking) from config.model."""
+    return {k: self.c.model[k] for k in RUNTIME_FIELDS}
+
   def _model_cfg(self) -> ModelConfig:
     if self.c.hf_dir:
       from mtrl_jax.models.hf import config_from_hf
       with open(os.path.join(self.c.hf_dir, "config.json")) as f:
-        return config_from_hf(json.load(f), dtype=self.c.model.dtype,
-                              logits_chunk=self.c.model.logits_chunk)
+        hf_cfg = config_from_hf(json.load(f), dtype=self.c.model.dtype)
+      # How attention runs, how the blocks are laid out and rematerialised, how
+      # log-probs are chunked: ours to choose, not the checkpoint's.
+      return dataclasses.replace(hf_cfg, **self._switches())
     return ModelConfig.from_dict(self.c.model)
 
   def _build_models(self):
@@ -87,7 +94,7 @@ class Run:
     seed = c.seed
     if c.hf_dir:
       from mtrl_jax.models.hf import load_policy
-      policy = load_policy(c.hf_dir, dtype=c.model.dtype, logits_chunk=c.model.logits_chunk)
+      policy = load_policy(c.hf_dir, dtype=c.model.dtype, **self._switches())
     else:
       policy = create_sharded(lambda: Transformer(mc, rngs=nnx.Rngs(seed)), self.mesh, self.rules)
     if c.critic.kind == "head":

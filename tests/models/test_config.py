@@ -17,6 +17,7 @@ from mtrl_jax.models.transformer import Transformer
     (dict(head_dim=7), "ModelConfig.head_dim"),
     (dict(dtype="float64"), "ModelConfig.dtype"),
     (dict(param_dtype="int8"), "ModelConfig.param_dtype"),
+    (dict(remat="all"), "ModelConfig.remat"),
 ])
 def test_invalid_fields_are_named(overrides, field):
   with pytest.raises(ValueError, match=field):
@@ -29,10 +30,11 @@ def test_from_dict_names_unknown_fields():
     ModelConfig.from_dict({"hidden_size": 64})
 
 
-@pytest.mark.parametrize("qkv_bias,tie", [(False, True), (True, False)])
-def test_num_params_matches_the_built_model(qkv_bias, tie):
+@pytest.mark.parametrize("qkv_bias,tie,scan", [(False, True, False), (True, False, False), (True, False, True)])
+def test_num_params_matches_the_built_model(qkv_bias, tie, scan):
   cfg = dataclasses.replace(ModelConfig(vocab_size=50, dim=24, n_layers=3, n_heads=4, n_kv_heads=2,
-                                        head_dim=6, mlp_dim=40), qkv_bias=qkv_bias, tie_embeddings=tie)
+                                        head_dim=6, mlp_dim=40), qkv_bias=qkv_bias, tie_embeddings=tie,
+                            scan_layers=scan)
   abstract = nnx.eval_shape(lambda: Transformer(cfg, rngs=nnx.Rngs(0)))
   sizes = [int(np.prod(x.shape)) for x in jax.tree.leaves(nnx.state(abstract, nnx.Param))]
   assert sum(sizes) == cfg.num_params()

@@ -1,6 +1,7 @@
 """AsyncSource end to end: the metrics and shutdown paths with a scripted sampler,
 then with a tiny real policy and learner: eta = 0 reproduces the synchronous
-trainer exactly, decoupled and naive PPO agree there, and both run on stale data."""
+trainer exactly (one actor, or several finishing out of order), decoupled and
+naive PPO agree there, and the reported staleness is the one on the tokens."""
 import copy
 import sys
 import threading
@@ -11,26 +12,16 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from flax import nnx
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "rollout"))
 from rollout_fixtures import TOK, CountEnv, ScriptedSampler  # noqa: E402
 
-from mtrl_jax.config import base_config  # noqa: E402
 from mtrl_jax.envs import registry  # noqa: E402
-from mtrl_jax.envs.base import Env, Reset, Step  # noqa: E402
-from mtrl_jax.models.config import ModelConfig  # noqa: E402
-from mtrl_jax.models.transformer import Transformer  # noqa: E402
-from mtrl_jax.parallel.mesh import mesh_from_config  # noqa: E402
-from mtrl_jax.parallel.rules import rules_from_config  # noqa: E402
-from mtrl_jax.parallel.sharded_init import create_sharded  # noqa: E402
-from mtrl_jax.parallel.sharded_step import init_opt_state  # noqa: E402
 from mtrl_jax.rollout.engine import RolloutEngine  # noqa: E402
-from mtrl_jax.sampling.sampler import Sampler  # noqa: E402
+from mtrl_jax.rollout.staleness_queue import StalenessQueue  # noqa: E402
 from mtrl_jax.train.async_source import ActorPoolError, AsyncSource, copy_params  # noqa: E402
-from mtrl_jax.train.learner import Learner  # noqa: E402
-from mtrl_jax.train.rl_step import LearnerState  # noqa: E402
 from mtrl_jax.train.source import SyncSource  # noqa: E402
+from tiny_world import G, T, flat, host, learner, world  # noqa: E402
 
 registry.names()  # built-ins loaded on the main thread before env threads call make()
 
@@ -121,66 +112,6 @@ def test_shutdown_is_clean_on_a_learner_error_or_ctrl_c(how):
 
 
 # ---------------------------------------------------------- tiny real policy
-T, G = 2, 4
-
-
-class SpreadEnv(Env):
-  """Rewards the action's length mod 3: even a random policy gets spread returns,
-  so group-relative advantages (and the updates) are not zero."""
-
-  def __init__(self):
-    self.max_turns = 2
-
-  def _reset(self, seed):
-    return Reset("spread", f"go {seed % 10}")
-
-  def _step(self, action):
-    return Step("go", float(len(action) % 3), False, False, {})
-
-  def expert_action(self):
-    return "ab"
-
-  def random_action(self, rng):
-    return "a" * rng.randrange(3)
-
-
-def tiny_config(decoupled: bool):
-  c = base_config()
-  c.model.update(dim=32, n_layers=1, n_heads=4, n_kv_heads=2, head_dim=8, mlp_dim=64)
-  c.critic.kind = "none"
-  c.env.kwargs.length = 1
-  c.rl.update(estimator="ms_grpo", tasks_per_update=T, group_size=G, minibatches=1, epochs=1, lr=1e-2,
-              decoupled=decoupled, warmup_steps=0)
-  c.rollout.update(turn_budget=4, context_cap=128)
-  return c
-
-
-@pytest.fixture(scope="module")
-def world():
-  c = tiny_config(True)
-  mesh = mesh_from_config(c.mesh, devices=jax.devices()[:1])  # one device: fast compiles
-  rules = rules_from_config(c.mesh)
-  policy = create_sharded(lambda: Transformer(ModelConfig.from_dict(c.model), rngs=nnx.Rngs(0)), mesh, rules)
-  gd, params = nnx.split(policy)
-  learners = {d: Learner(tiny_config(d), mesh, rules, policy_gd=gd, policy_params=copy_params(params),
-                         total_updates=8, tokenizer=TOK) for d in (True, False)}
-  sampler = Sampler(gd, copy_params(params), pad_id=TOK.pad_id, stop_ids=(TOK.eos_id,), log_compiles=False)
-  engine = RolloutEngine(sampler, TOK, SpreadEnv, group_size=G, turn_token_budget=4, context_cap=128,
-                         num_env_threads=2, env_name="spread")
-  return dict(params=params, learners=learners, sampler=sampler, engine=engine)
-
-
-def reset(learner, params):
-  p = copy_params(params)
-  learner.state = LearnerState(p, init_opt_state(learner.tx_policy, p, learner.state_sh.opt_policy), {}, {})
-  learner.version = 0
-  return learner
-
-
-def flat_params(learner):
-  return np.concatenate([np.ravel(np.asarray(x)) for x in jax.tree.leaves(learner.state.policy)])
-
-
 def same_sessions(a, b):
   assert len(a) == len(b)
   for x, y in zip(a, b):
@@ -191,64 +122,138 @@ def same_sessions(a, b):
     assert x.episode_return == y.episode_return
 
 
-def test_eta0_is_the_synchronous_trainer_and_decoupled_equals_naive(world):
-  params, sampler, engine = world["params"], world["sampler"], world["engine"]
+def token_staleness(version, sessions):
+  """Learner version minus the oldest version recorded on each session's tokens."""
+  return np.asarray([version - s.flat_version()[s.loss_mask() > 0].min() for s in sessions])
+
+
+def test_eta0_is_the_synchronous_trainer_and_decoupled_equals_naive():
+  _, _, _, params, sampler, engine = world()
   steps = 2
   # Synchronous reference: SyncSource + decoupled learner.
-  ref = reset(world["learners"][True], params)
+  ref = learner()
   sync = SyncSource(copy.copy(engine), seed=0, tasks_per_update=T)
   sync.engine.next_group_id = sync.engine.next_session_id = 0
   sync_batches, sync_metrics = [], []
   for step in range(steps):
     sampler.set_params(copy_params(ref.policy_params_for_sampler()), ref.version)
-    sessions, _ = sync.next_batch(step)
+    sessions, info = sync.next_batch(step)
+    assert info["staleness/max"] == token_staleness(ref.version, sessions).max()
     sync_batches.append(sessions)
     sync_metrics.append(ref.update(sessions, step))
-  p_sync = flat_params(ref)
+  p_sync = flat(host(ref.state.policy))
 
   # The async source at eta = 0, one actor playing whole batches: same sessions, same update.
-  learner = reset(world["learners"][True], params)
+  lrn = learner()
   async_batches = []
   with AsyncSource(engine, params=params, version=0, seed=0, tasks_per_update=T, eta=0, actors=1,
                    groups_per_chunk=T) as src:
     for step in range(steps):
-      src.publish(learner.policy_params_for_sampler(), learner.version)
+      src.publish(lrn.policy_params_for_sampler(), lrn.version)
       sessions, info = src.next_batch(step)
-      assert info["staleness/max"] == 0 and info["staleness/hist_0"] == T * G
+      assert info["staleness/max"] == token_staleness(lrn.version, sessions).max()
+      assert info["staleness/hist_0"] == T * G
       async_batches.append(sessions)
-      met = learner.update(sessions, step)
+      met = lrn.update(sessions, step)
       # On-policy: behaviour and proximal log-probs agree up to numerics.
       assert abs(met["update/ratio_prox_behav_max"] - 1.0) < 1e-4
       assert met["total_loss"] == pytest.approx(sync_metrics[step]["total_loss"], rel=1e-5, abs=1e-7)
   for a, b in zip(async_batches, sync_batches):
     same_sessions(a, b)
-  p_async = flat_params(learner)
+  p_async = flat(host(lrn.state.policy))
   np.testing.assert_allclose(p_async, p_sync, atol=1e-6)
 
   # Naive PPO (behaviour log-probs as pi_old) on the same sessions: the same update.
-  naive = reset(world["learners"][False], params)
-  p0 = flat_params(naive)
+  naive = learner(decoupled=False)
+  p0 = flat(host(naive.state.policy))
   for step, sessions in enumerate(async_batches):
     met = naive.update(sessions, step)
     assert met["total_loss"] == pytest.approx(sync_metrics[step]["total_loss"], rel=1e-4, abs=1e-6)
-  p_naive = flat_params(naive)
+  p_naive = flat(host(naive.state.policy))
   assert np.linalg.norm(p_async - p0) > 1e-3  # the updates did move the policy
   assert np.linalg.norm(p_naive - p_async) < 1e-3 * np.linalg.norm(p_async - p0)
 
 
-def test_stale_data_trains_with_both_decoupled_and_naive_ppo(world):
-  params, engine = world["params"], world["engine"]
-  dec, naive = reset(world["learners"][True], params), reset(world["learners"][False], params)
-  seen_stale = 0
+def test_eta0_with_several_actors_finishing_out_of_order_gives_the_synchronous_update(monkeypatch):
+  """Three actors, one group per ticket; group 0 is held back until group 1 is
+  in the queue, so the groups arrive in the order [1, 0]. The source must hand
+  them over in canonical order (group, session id): the sessions and the
+  update (2 minibatches, so row order decides what each Adam step sees) equal
+  those of one actor playing the same tickets in order.
+
+  Break checked: `sessions = batch.sessions` (completion order) in
+  `AsyncSource.next_batch`: the session comparison fails (and the update
+  would, as the completion-order control at the end shows).
+  """
+  _, _, _, params, _, engine = world()
+  order, group1_in = [], threading.Event()
+  real_put = StalenessQueue.put
+
+  def put(self, ticket, groups, metas=None, timeout=None):
+    order.append(ticket.first_group)
+    real_put(self, ticket, groups, metas, timeout)
+    if ticket.first_group == 1:
+      group1_in.set()
+
+  def hold_group0(actor, ticket):
+    if ticket.first_group == 0 and ticket.attempt == 0 and not group1_in.is_set():
+      assert group1_in.wait(60)
+
+  monkeypatch.setattr(StalenessQueue, "put", put)
+
+  def play(actors, hook):
+    order.clear()
+    group1_in.clear()
+    with AsyncSource(engine, params=params, version=0, seed=0, tasks_per_update=T, eta=0, actors=actors,
+                     groups_per_chunk=1, fault_hook=hook) as src:
+      src.publish(params, 0)
+      sessions, info = src.next_batch(0)
+    return sessions, list(order)
+
+  ref_sessions, ref_order = play(1, None)
+  assert ref_order == [0, 1]
+  sessions, got_order = play(3, hold_group0)
+  assert got_order == [1, 0]  # really out of order
+  same_sessions(sessions, ref_sessions)
+
+  def update(batch):
+    lrn = learner(minibatches=2)
+    p0 = flat(host(lrn.state.policy))
+    lrn.update(batch, 0)
+    return p0, flat(host(lrn.state.policy))
+
+  p0, p_ref = update(ref_sessions)
+  _, p_multi = update(sessions)
+  step_size = np.linalg.norm(p_ref - p0)
+  assert step_size > 1e-2
+  np.testing.assert_allclose(p_multi, p_ref, atol=1e-6)
+  # The control: the same sessions in completion order give a different update.
+  _, p_completion = update([s for g in (1, 0) for s in sessions if s.group_id == g])
+  assert np.linalg.norm(p_completion - p_ref) > 0.05 * step_size
+
+
+def test_reported_staleness_is_the_one_recorded_on_the_tokens():
+  """eta = 2, two actors running ahead: each batch's `staleness/max` and
+  `staleness/mean` equal the learner version minus the oldest version on each
+  session's tokens, and so does the learner's own `update/staleness_max`.
+
+  Break checked: `AsyncSource.next_batch` reporting 0 whatever the queue
+  measured (`st = 0 * batch.staleness_b`, the old hard-coded-0 check would
+  pass): fails at the first stale batch.
+  """
+  _, _, _, params, _, engine = world()
+  lrn = learner()
+  seen = []
   with AsyncSource(engine, params=params, version=0, seed=1, tasks_per_update=T, eta=2, actors=2) as src:
     for step in range(4):
-      src.publish(dec.policy_params_for_sampler(), dec.version)
+      src.publish(lrn.policy_params_for_sampler(), lrn.version)
       sessions, info = src.next_batch(step)
-      assert info["staleness/max"] <= 2
-      assert all(dec.version - s.min_version() <= 2 for s in sessions)
-      seen_stale += sum(dec.version - s.min_version() > 0 for s in sessions)
-      for learner in (dec, naive):
-        met = learner.update(sessions, step)
-        assert np.isfinite(met["total_loss"]) and met["update/nonfinite_steps"] == 0
-  assert dec.version == naive.version == 4
-  assert seen_stale > 0  # the actors ran ahead: these updates really were off-policy
+      st = token_staleness(lrn.version, sessions)
+      assert info["staleness/max"] == st.max() and info["staleness/mean"] == pytest.approx(st.mean())
+      assert sum(info[f"staleness/hist_{k}"] for k in range(3)) == len(sessions)
+      assert all(info[f"staleness/hist_{k}"] == np.sum(st == k) for k in range(3))
+      met = lrn.update(sessions, step)
+      assert met["update/staleness_max"] == st.max() and met["update/nonfinite_steps"] == 0
+      seen.append(st.max())
+  assert lrn.version == 4
+  assert max(seen) > 0  # the actors ran ahead: these comparisons are not all 0 == 0
