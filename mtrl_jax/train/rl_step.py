@@ -55,6 +55,8 @@ class StepFlags(NamedTuple):
 
 
 def _segments(segment_ids_bt) -> dict:
+  # No keyword at all when rows hold one session: the model call (and its
+  # compiled program) is then exactly the unpacked one.
   return {} if segment_ids_bt is None else {"segment_ids_bt": segment_ids_bt}
 
 

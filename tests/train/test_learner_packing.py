@@ -1,4 +1,6 @@
 """rl.pack: several sessions per row give the same scores and the same update as one per row."""
+import copy
+
 import jax
 import numpy as np
 import pytest
@@ -28,7 +30,13 @@ def sessions():
   registry.names()
   eng = RolloutEngine(sampler, tok, lambda: registry.make("memory", length=1), group_size=4,
                       turn_token_budget=6, context_cap=128, num_env_threads=2)
-  return eng.run([11, 12], jax.random.key(0)).sessions
+  out = copy.deepcopy(eng.run([11, 12], jax.random.key(0)).sessions)
+  # An untrained policy fails every task (all rewards 0: nothing would move);
+  # give the turns varied rewards so advantages and value targets are not 0.
+  for i, s in enumerate(out):
+    s.turns = [t._replace(reward=float((3 * i + k) % 4) - 1.5) for k, t in enumerate(s.turns)]
+    s.success = i % 2 == 0
+  return out
 
 
 def _learner(pack, critic="separate", estimator="gae", agg="seq_mean_token_mean"):
@@ -89,7 +97,7 @@ def test_packed_update_equals_unpacked_update(sessions, critic="separate", estim
   assert m_p["update/batch_rows"] < m_u["update/batch_rows"]
   moved = max(float(np.max(np.abs(np.asarray(a) - np.asarray(b)))) for a, b in
               zip(jax.tree.leaves(p_u), jax.tree.leaves(p0)))
-  assert moved > 5e-3  # three Adam steps of lr 3e-3: large against the tolerance below
+  assert moved > 2e-3  # Adam steps at lr 3e-3 (warm-up): 100x the atol below
   for a, b in zip(jax.tree.leaves((p_p, c_p)), jax.tree.leaves((p_u, c_u))):
     np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-3, atol=2e-5)
   for k in ("total_loss", "pg_loss", "grad_norm_policy", "grad_norm_critic", "approx_kl"):
