@@ -39,7 +39,7 @@ def train_losses(mesh):
   cfg, rules = tiny_config(), get_rules("default")
   trainer = build_lm_trainer(lambda: Transformer(cfg, rngs=nnx.Rngs(0)), optax.adam(1e-2), mesh, rules)
   rows = process_batch_rows(GLOBAL_BATCH, mesh, rules)
-  local = LMBatch(*(x[rows] for x in global_batch()))
+  local = LMBatch(*(None if x is None else x[rows] for x in global_batch()))
   losses = [float(fetch_replicated(trainer.train_step(local))["loss"]) for _ in range(STEPS)]
   return losses, rows
 
