@@ -61,6 +61,9 @@ def base_config() -> ml_collections.ConfigDict:
       turn_budget=16,  # new tokens per turn; a turn that hits it is cut
       context_cap=512,  # KV-cache capacity per session; a session that would exceed it ends
       temperature=1.0, top_k=0, top_p=1.0, env_threads=4,
+      # Several hosts: each samples on a mesh of its own devices (parallel/sampler_mesh.py);
+      # () = (local devices, 1, 1), or tensor-split when the weights do not fit one device.
+      local_mesh=(),
   ))
   # Tree rollouts (rollout/tree.py, docs/trees.md): in the RL stage every live session forks into
   # `width` siblings at each turn of `branch_turns`; rl.group_size counts leaves (a multiple of
@@ -103,7 +106,9 @@ def base_config() -> ml_collections.ConfigDict:
   c.checkpoint = ml_collections.ConfigDict(dict(every=10, keep=2, async_save=True))
   from mtrl_jax.parallel.mesh import default_mesh_config
   c.mesh = default_mesh_config()  # shape (-1,1,1) = pure data parallel; rules preset "default" | "fsdp"
-  c.log = ml_collections.ConfigDict(dict(every=1, tensorboard=True))
+  # sessions=True: every host appends the sessions it played (RL and value pretraining) to
+  # <workdir>/sessions/host<p>.jsonl, one JSON record per session with its update.
+  c.log = ml_collections.ConfigDict(dict(every=1, tensorboard=True, sessions=False))
   # Async actors (AReaL-style): eta bounds staleness in policy versions; 0 = synchronous.
   c.asynchronous = ml_collections.ConfigDict(dict(
       enabled=False, eta=1, actors=4, groups_per_chunk=1,
@@ -166,6 +171,14 @@ def validate(c: ml_collections.ConfigDict, num_devices: int | None = None) -> No
     except ValueError as e:
       raise ValueError(f"config.rollout.tree: {e}") from e
   _check(c.rollout.tree.token_budget >= 0, "rollout.tree.token_budget", "must be >= 0 (0 = no limit)")
+  _check(len(tuple(c.rollout.local_mesh)) in (0, 3), "rollout.local_mesh",
+         f"must be () (automatic) or a (data, fsdp, tensor) shape, got {tuple(c.rollout.local_mesh)}")
+  import jax
+  hosts = jax.process_count()
+  for f in ("rl.tasks_per_update", "value_pretrain.tasks_per_round"):
+    n = c.rl.tasks_per_update if f.startswith("rl") else c.value_pretrain.tasks_per_round
+    _check(n >= hosts, f, f"{n} groups cannot be shared by {hosts} processes (each plays whole groups); "
+           f"use at least {hosts}, ideally a multiple")
   _check(c.asynchronous.eta >= 0, "asynchronous.eta", f"must be >= 0, got {c.asynchronous.eta}")
   _check(c.asynchronous.actors >= 1, "asynchronous.actors", f"must be >= 1, got {c.asynchronous.actors}")
 

@@ -8,6 +8,7 @@ Relaunching the same command continues from the last checkpoint in the workdir.
 from __future__ import annotations
 
 import json
+import os
 import sys
 
 from absl import app, flags, logging
@@ -31,8 +32,31 @@ def main(argv):
   except NonFiniteError as e:
     logging.error("%s", e)
     print(f"error: {e}", file=sys.stderr)
+    _exit_multihost(3)
     sys.exit(3)
+  except BaseException as e:
+    # On several processes, a peer that died makes the next collective here
+    # fail at once; leaving normally would then wait in JAX's shutdown
+    # barrier until the peer's heartbeat times out, and abort. Say why, and go.
+    import jax
+    if jax.process_count() > 1 and not isinstance(e, SystemExit):
+      import traceback
+      traceback.print_exc()
+      print(f"error: process {jax.process_index()} of {jax.process_count()} stopped: {type(e).__name__}: "
+            f"{str(e)[:500]}\nIf another process died (see its log), relaunch all processes with the same "
+            "command: the run resumes from the last checkpoint.", file=sys.stderr)
+      _exit_multihost(4)
+    raise
   print(json.dumps({k: v for k, v in summary.items() if isinstance(v, (int, float))}))
+
+
+def _exit_multihost(code: int) -> None:
+  """Exits at once when several processes run (no shutdown barrier with a possibly dead peer)."""
+  import jax
+  if jax.process_count() > 1:
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
 """Mesh from config, logical-axis rules, sharded state and steps, multi-host start-up."""
 from mtrl_jax.parallel.batch import (batch_axes, batch_sharding, check_batch_divisible, num_batch_shards,
-                                     process_batch_rows, shard_batch)
+                                     process_batch_rows, put_global_batch, shard_batch)
 from mtrl_jax.parallel.distributed import DistributedConfig, ProcessInfo, initialize_from_config
 from mtrl_jax.parallel.mesh import (AXIS_NAMES, MeshSetup, default_mesh_config, make_mesh, mesh_from_config,
                                     setup_from_config)

@@ -99,3 +99,25 @@ def shard_batch(batch, mesh: Mesh, rules: Rules):
     return jax.make_array_from_process_local_data(sharding, x, global_shape)
 
   return jax.tree_util.tree_map_with_path(put, batch)
+
+
+def put_global_batch(batch, mesh: Mesh, rules: Rules):
+  """Like `shard_batch`, for a batch every process holds whole (the same global rows everywhere).
+
+  Each process hands the runtime only the rows its own devices hold (on one
+  process: all of them), so nothing is sent between hosts. This is how the
+  learner feeds a batch that every host packed identically from the
+  sessions all hosts played.
+  """
+  if jax.process_count() == 1:
+    return shard_batch(batch, mesh, rules)
+
+  def put(path, x):
+    x = np.asarray(x)
+    name = path_str(path) or "batch"
+    if x.ndim < 1:
+      raise ValueError(f"batch field {name} is a scalar; every batch field needs a leading batch dimension")
+    check_batch_divisible(x.shape[0], mesh, rules, field=f"batch field {name} rows")
+    return jax.make_array_from_callback(x.shape, batch_sharding(mesh, rules, x.ndim), lambda idx: x[idx])
+
+  return jax.tree_util.tree_map_with_path(put, batch)

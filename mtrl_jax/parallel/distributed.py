@@ -36,6 +36,7 @@ class DistributedConfig:
   local_device_ids: tuple | None = None
   auto: bool = False
   initialization_timeout: int = 300
+  heartbeat_timeout: int = 100  # seconds without a heartbeat before a process counts as dead
   source: tuple = ()  # ((field, "config.distributed.x" or "$ENV"), ...) for error messages
 
   def origin(self, name: str) -> str:
@@ -76,7 +77,7 @@ def resolve_config(cfg=None, env=None) -> DistributedConfig:
       values[name], source[name] = value, f"config.distributed.{name}"
     elif (value := parse(env, env_name)) is not None:
       values[name], source[name] = value, f"${env_name}"
-  for name in ("local_device_ids", "auto", "initialization_timeout"):
+  for name in ("local_device_ids", "auto", "initialization_timeout", "heartbeat_timeout"):
     value = read_field(section, name)
     if value is not None:
       values[name] = tuple(value) if name == "local_device_ids" else value
@@ -105,12 +106,14 @@ def initialize_from_config(cfg=None, env=None) -> ProcessInfo:
     log.info("jax.distributed already initialised; keeping it")
   elif dc.auto:
     jax.distributed.initialize(local_device_ids=dc.local_device_ids,
-                               initialization_timeout=dc.initialization_timeout)
+                               initialization_timeout=dc.initialization_timeout,
+                               heartbeat_timeout_seconds=dc.heartbeat_timeout)
   elif dc.num_processes > 1:
     jax.distributed.initialize(coordinator_address=dc.coordinator_address,
                                num_processes=dc.num_processes, process_id=dc.process_id,
                                local_device_ids=dc.local_device_ids,
-                               initialization_timeout=dc.initialization_timeout)
+                               initialization_timeout=dc.initialization_timeout,
+                               heartbeat_timeout_seconds=dc.heartbeat_timeout)
   info = ProcessInfo(jax.process_index(), jax.process_count(), jax.local_device_count(), jax.device_count())
   if info.num_processes > 1 or dc.auto:
     log.info("process %d of %d: %d local of %d global devices", *info)
@@ -124,4 +127,4 @@ def default_distributed_config():
       coordinator_address=ml_collections.FieldReference(None, field_type=str),
       num_processes=ml_collections.FieldReference(None, field_type=int),
       process_id=ml_collections.FieldReference(None, field_type=int),
-      auto=False, initialization_timeout=300))
+      auto=False, initialization_timeout=300, heartbeat_timeout=100))

@@ -35,6 +35,7 @@ import jax
 from absl import logging
 
 from mtrl_jax.envs.base import EnvError
+from mtrl_jax.rollout.ownership import HostShare, group_key, group_number, host_share
 from mtrl_jax.rollout.staleness_queue import QueueClosed, StalenessQueue, Ticket
 
 THREAD_PREFIX = "mtrl-actor"
@@ -197,13 +198,19 @@ class ActorPool:
     board: where the learner publishes weights.
     num_actors: K.
     groups_per_chunk: groups one actor asks for per ticket.
-    seed: sampling keys derive from it and the group index: a ticket
-      starting at group g samples with `fold_in(fold_in(key(seed), g // T), g % T)`.
+    seed: sampling keys derive from it and the group's place: group j of
+      batch k samples with `ownership.group_key(key(seed), k, j)` (one key per
+      session, see rollout/ownership.py), as `SyncSource` does.
     groups_per_update: T.
-    batch_seeds: `fn(k) -> T task seeds` of batch k; group g plays
-      `batch_seeds(g // T)[g % T]`. With `train.source.task_seeds`, a ticket
-      that covers exactly batch k is played as `SyncSource` plays update k,
-      and a replayed ticket repeats itself.
+    batch_seeds: `fn(k) -> T task seeds` of batch k; group j of batch k
+      plays `batch_seeds(k)[j]`. With `train.source.task_seeds`, the
+      sessions of update k are those `SyncSource` plays, however the groups
+      are split into tickets, and a replayed ticket repeats itself.
+    share: this host's block of each batch's T groups (several hosts; default
+      all of them). The queue then numbers only this host's groups: its
+      local group n is group `share.start + n % share.size` of batch
+      `n // share.size`, whose session records carry the global group id
+      `k * T + j`.
     step_timeout_s: per reset / step limit of an env (None: no limit).
     max_restarts: actor crashes tolerated before the pool fails.
     fault_hook: test hook `fn(actor_index, ticket)`, called after admission,
@@ -214,7 +221,7 @@ class ActorPool:
                groups_per_chunk: int, seed: int, groups_per_update: int,
                batch_seeds: Callable[[int], list[int]], step_timeout_s: float | None = None,
                max_restarts: int = 20, fault_hook: Callable[[int, Ticket], None] | None = None,
-               poll_s: float = 0.02):
+               poll_s: float = 0.02, share: HostShare | None = None):
     if num_actors < 1:
       raise ValueError(f"ActorPool.num_actors must be >= 1, got {num_actors}")
     if groups_per_chunk < 1:
@@ -223,6 +230,10 @@ class ActorPool:
       raise ValueError(f"ActorPool.step_timeout_s must be positive or None, got {step_timeout_s}")
     self.engine, self.queue, self.board = engine, queue, board
     self.groups_per_chunk, self.groups_per_update = int(groups_per_chunk), int(groups_per_update)
+    self.share = share or host_share(self.groups_per_update, 0, 1)
+    if self.share.tasks != self.groups_per_update:
+      raise ValueError(f"ActorPool: share covers {self.share.tasks} groups per batch, "
+                       f"groups_per_update is {self.groups_per_update}")
     self.seed, self.step_timeout_s, self.batch_seeds = int(seed), step_timeout_s, batch_seeds
     self.max_restarts, self.fault_hook, self.poll_s = int(max_restarts), fault_hook, poll_s
     self.key = jax.random.key(self.seed)
@@ -300,18 +311,24 @@ class ActorPool:
         slot.wait_s += now - slot.since
       slot.phase, slot.since = phase, now
 
-  def _group_seed(self, g: int) -> int:
-    k, j = divmod(g, self.groups_per_update)
+  def _place(self, n: int) -> tuple[int, int]:
+    """(batch k, index j among the batch's T groups) of this host's local group n."""
+    k, local = divmod(n, self.share.size)
+    return k, self.share.global_index(local)
+
+  def _group_seed(self, n: int) -> int:
+    k, j = self._place(n)
     if k not in self._seed_cache:  # benign race: both threads compute the same list
       self._seed_cache[k] = [int(x) for x in self.batch_seeds(k)]
     return self._seed_cache[k][j]
 
-  def _ticket_key(self, t: Ticket) -> jax.Array:
-    k, j = divmod(t.first_group, self.groups_per_update)
-    return jax.random.fold_in(jax.random.fold_in(self.key, k), j)
+  def _group_id(self, n: int) -> int:
+    return group_number(*self._place(n), self.groups_per_update)
+
+  def _group_key(self, n: int) -> jax.Array:
+    return group_key(self.key, *self._place(n))
 
   def _actor(self, slot: _Slot, engine) -> None:
-    g_size = engine.group_size
     try:
       while not self._stop.is_set():
         self._enter(slot, "wait")
@@ -320,10 +337,10 @@ class ActorPool:
         self._enter(slot, "busy")
         if self.fault_hook is not None:
           self.fault_hook(slot.index, ticket)
-        # Ids unique across actors: the learner groups sessions by group_id.
-        engine.next_group_id = ticket.first_group
-        engine.next_session_id = ticket.first_group * g_size
-        res = engine.run([self._group_seed(g) for g in ticket.groups], self._ticket_key(ticket))
+        # Global group ids (unique across actors and hosts): the learner groups sessions by them.
+        gids = [self._group_id(n) for n in ticket.groups]
+        res = engine.run([self._group_seed(n) for n in ticket.groups],
+                         group_keys=[self._group_key(n) for n in ticket.groups], group_ids=gids)
         self._enter(slot, "wait")
         share = 1.0 / ticket.num_groups
         meta = {"generate_s": res.timing.generate_s * share, "prefill_s": res.timing.prefill_s * share,
@@ -331,7 +348,7 @@ class ActorPool:
                 "actor": slot.index}
         # By group id, not by position: a tree engine leaves out the unborn
         # siblings of a session that ended before a branch turn.
-        by_group = {gid: [] for gid in range(ticket.first_group, ticket.first_group + ticket.num_groups)}
+        by_group = {gid: [] for gid in gids}
         for sess in res.sessions:
           by_group[sess.group_id].append(sess)
         groups = list(by_group.values())

@@ -8,9 +8,12 @@ episode, when the engine's turn limit is reached, when its next observation
 plus one turn's token budget would not fit in the cache (`context_cap`), or
 when its env raises (`env_error`; the rest of the batch carries on).
 
-Determinism: given the same task seeds, rng, weights and sampling params, the
-sessions are identical. The rng is split once per turn; rows draw different
-samples because they are different rows of one batched draw.
+Determinism: given the same task seeds, keys, weights and sampling params, the
+sessions are identical. Every session samples from its own key (see
+rollout/ownership.py): sample g of task i uses `fold_in(group_keys[i], g)`,
+folded with the turn index, so a session's tokens do not depend on the other
+rows of the batch (up to floating-point summation order) nor on which actor
+or host played it.
 """
 from __future__ import annotations
 
@@ -22,6 +25,7 @@ import jax
 import numpy as np
 
 from mtrl_jax.rollout.ledger import TokenLedger
+from mtrl_jax.rollout.ownership import row_keys, session_keys
 from mtrl_jax.rollout.session import Session, make_turn
 
 if TYPE_CHECKING:
@@ -96,21 +100,51 @@ class RolloutEngine:
     self.next_session_id = 0
     self.next_group_id = 0
 
-  def run(self, tasks: Sequence[int], rng: jax.Array) -> RolloutResult:
-    """Plays len(tasks) x group_size sessions; tasks are env seeds."""
+  def _ids_and_keys(self, tasks: Sequence[int], rng, group_keys, group_ids) -> tuple[list, list, Any]:
+    """(group ids, session ids, [n] session keys) of one run; advances the id counters.
+
+    Without `group_ids`, groups and sessions are numbered on from the
+    counters; with them, sample g of group id k is session k * G + g.
+    Without `group_keys`, group i's key is `fold_in(rng, i)`.
+    """
+    g_size, n_tasks = self.group_size, len(tasks)
+    if group_ids is None:
+      gids = [self.next_group_id + i for i in range(n_tasks)]
+      sids = [self.next_session_id + r for r in range(n_tasks * g_size)]
+    else:
+      gids = [int(k) for k in group_ids]
+      if len(gids) != n_tasks or len(set(gids)) != n_tasks:
+        raise ValueError(f"run: group_ids must be {n_tasks} distinct ids (one per task), got {gids}")
+      sids = [k * g_size + g for k in gids for g in range(g_size)]
+    if gids:
+      self.next_group_id = max(self.next_group_id, max(gids) + 1)
+      self.next_session_id = max(self.next_session_id, max(sids) + 1)
+    if group_keys is None:
+      if rng is None:
+        raise ValueError("run: pass rng or group_keys")
+      group_keys = [jax.random.fold_in(rng, i) for i in range(n_tasks)]
+    elif len(group_keys) != n_tasks:
+      raise ValueError(f"run: {len(group_keys)} group_keys for {n_tasks} tasks")
+    return gids, sids, session_keys(group_keys, g_size)
+
+  def run(self, tasks: Sequence[int], rng: jax.Array | None = None, *, group_keys: Sequence | None = None,
+          group_ids: Sequence[int] | None = None) -> RolloutResult:
+    """Plays len(tasks) x group_size sessions; tasks are env seeds.
+
+    group_keys: one key per task (default `fold_in(rng, i)`); group_ids: the
+    tasks' group ids (default: numbered on from the last run's).
+    """
     t_start = time.perf_counter()
     g_size = self.group_size
     n = len(tasks) * g_size
     ledger = TokenLedger()
     timing = {"generate": 0.0, "prefill": 0.0, "env": 0.0}
+    gids, sids, keys = self._ids_and_keys(tasks, rng, group_keys, group_ids)
     sessions = []
     for i, seed in enumerate(tasks):
-      for _ in range(g_size):
-        sessions.append(Session(session_id=self.next_session_id, task_id=int(seed),
-                                group_id=self.next_group_id + i, seed=int(seed),
-                                env_name=self.env_name or ""))
-        self.next_session_id += 1
-    self.next_group_id += len(tasks)
+      for g in range(g_size):
+        sessions.append(Session(session_id=sids[i * g_size + g], task_id=int(seed), group_id=gids[i],
+                                seed=int(seed), env_name=self.env_name or ""))
     if n == 0:
       return RolloutResult(sessions, ledger, RolloutTiming(0.0, 0.0, 0.0, time.perf_counter() - t_start))
 
@@ -148,10 +182,9 @@ class RolloutEngine:
 
         active = np.zeros(n, bool)
         active[rows] = True
-        rng, key = jax.random.split(rng)
         version = int(self.sampler.version)
         t0 = time.perf_counter()
-        out, state = self.sampler.generate(state, key, self.turn_token_budget, active=active,
+        out, state = self.sampler.generate(state, row_keys(keys, turn), self.turn_token_budget, active=active,
                                            params=self.sampling)
         timing["generate"] += time.perf_counter() - t0
 

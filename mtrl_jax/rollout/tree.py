@@ -36,6 +36,7 @@ import numpy as np
 
 from mtrl_jax.rollout.engine import RolloutEngine, RolloutResult, RolloutTiming, _call
 from mtrl_jax.rollout.ledger import TokenLedger
+from mtrl_jax.rollout.ownership import row_keys
 from mtrl_jax.rollout.session import Session
 
 
@@ -88,21 +89,22 @@ class TreeRolloutEngine(RolloutEngine):
     self.tree = tree
     self.roots = tree.roots(self.group_size)
 
-  def run(self, tasks: Sequence[int], rng: jax.Array) -> RolloutResult:
+  def run(self, tasks: Sequence[int], rng: jax.Array | None = None, *, group_keys: Sequence | None = None,
+          group_ids: Sequence[int] | None = None) -> RolloutResult:
     t_start = time.perf_counter()
     g_size, leaves, width = self.group_size, self.tree.leaves, self.tree.width
     n = len(tasks) * g_size
     ledger = TokenLedger()
     timing = {"generate": 0.0, "prefill": 0.0, "env": 0.0}
-    base_id = self.next_session_id
-    slots: list[Session | None] = [None] * n  # row r plays session id base_id + r once born
+    # Row r of task i plays leaf r - i * G: its session id and key are the
+    # ones a chain engine gives sample r - i * G (a forked child has its own).
+    gids, sids, keys = self._ids_and_keys(tasks, rng, group_keys, group_ids)
+    slots: list[Session | None] = [None] * n  # row r plays session id sids[r] once born
     for i, seed in enumerate(tasks):
       for k in range(self.roots):
         r = i * g_size + k * leaves
-        slots[r] = Session(session_id=base_id + r, task_id=int(seed), group_id=self.next_group_id + i,
+        slots[r] = Session(session_id=sids[r], task_id=int(seed), group_id=gids[i],
                            seed=int(seed), env_name=self.env_name or "")
-    self.next_session_id += n
-    self.next_group_id += len(tasks)
     roots = [r for r in range(n) if slots[r] is not None]
     if n == 0:
       return RolloutResult([], ledger, RolloutTiming(0.0, 0.0, 0.0, time.perf_counter() - t_start))
@@ -147,10 +149,9 @@ class TreeRolloutEngine(RolloutEngine):
         rows = sorted(pending)
         active = np.zeros(n, bool)
         active[rows] = True
-        rng, key = jax.random.split(rng)
         version = int(self.sampler.version)
         t0 = time.perf_counter()
-        out, state = self.sampler.generate(state, key, self.turn_token_budget, active=active,
+        out, state = self.sampler.generate(state, row_keys(keys, turn), self.turn_token_budget, active=active,
                                            params=self.sampling)
         timing["generate"] += time.perf_counter() - t0
 
@@ -193,6 +194,7 @@ class TreeRolloutEngine(RolloutEngine):
         c = r + j * stride
         if slots[c] is not None:
           raise RuntimeError(f"tree layout: row {c} is already taken (forking row {r} at turn {turn})")
+        # The child's id is the one its row would have had (sids[c]).
         slots[c] = Session(session_id=parent.session_id + j * stride, task_id=parent.task_id,
                            group_id=parent.group_id, seed=parent.seed, env_name=parent.env_name,
                            tree_id=parent.tree_id, node_id=parent.node_id + j * stride,

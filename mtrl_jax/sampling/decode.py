@@ -16,7 +16,7 @@ from flax import nnx
 
 from mtrl_jax.models.transformer import KVCache
 from mtrl_jax.sampling.records import DecodeState
-from mtrl_jax.sampling.topk import SampleMode, choose_tokens
+from mtrl_jax.sampling.topk import SampleMode, choose_tokens, fold_in_rows
 
 # KVCache keys/values are [B, KV, S, hd] per layer (a tuple), or [L, B, KV, S, hd]
 # for a scanned model: counted from the end, the slot axis is the same in both.
@@ -70,7 +70,9 @@ def generate_tokens(graphdef: nnx.GraphDef, params: nnx.State, state: DecodeStat
   from each row's last logits, then feed the sampled token back through the
   model as a T=1 append, so every generated token (stop id included) is in
   the cache and `last_logits_bv` is always the prediction after the last
-  cached token. Step i draws with `fold_in(rng, i)`. The caller guarantees
+  cached token. Step i draws with `fold_in(rng, i)`; with one key per row
+  (`rng` of shape [B]) each row draws from its own key, so a row's tokens
+  do not depend on which other rows share its batch. The caller guarantees
   min(capacity, length_b + budget) fits the allocated slots of active rows.
   """
   model = nnx.merge(graphdef, params)
@@ -88,7 +90,7 @@ def generate_tokens(graphdef: nnx.GraphDef, params: nnx.State, state: DecodeStat
 
   def body(carry):
     step, cache, logits_bv, running_b, n_gen_b, stopped_b, tokens_bn, logps_bn = carry
-    tok_b, logp_b = choose_tokens(logits_bv, jax.random.fold_in(rng, step), temperature, top_p, mode)
+    tok_b, logp_b = choose_tokens(logits_bv, fold_in_rows(rng, step), temperature, top_p, mode)
     tok_b = jnp.where(running_b, tok_b, pad_id)
     logp_b = jnp.where(running_b, logp_b, 0.0)
     tokens_bn = jax.lax.dynamic_update_slice_in_dim(tokens_bn, tok_b[:, None], step, axis=1)

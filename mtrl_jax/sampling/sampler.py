@@ -30,7 +30,7 @@ from mtrl_jax.sampling import decode
 from mtrl_jax.sampling import fork as fork_lib
 from mtrl_jax.sampling.buckets import DEFAULT_LENGTH_BUCKETS, MIN_SLOTS, chunk_bucket, slots_bucket, steps_bucket
 from mtrl_jax.sampling.records import DecodeState, GenerateOut, SamplingParams
-from mtrl_jax.sampling.topk import sample_mode
+from mtrl_jax.sampling.topk import keys_per_row, sample_mode
 
 __all__ = ["Sampler", "SamplingParams", "DecodeState", "GenerateOut"]
 
@@ -257,7 +257,8 @@ class Sampler:
     `capacity` tokens; its generated tokens (stop id included) are cached, so
     the next `append` continues after them. Inactive rows generate nothing and
     keep their cache and logits. The passed state is donated: use the
-    returned one.
+    returned one. `rng` is one key, or one key per row ([B] typed keys):
+    then each row's draws depend only on its own key.
     """
     batch = state.last_logits_bv.shape[0]
     active_b = np.ones(batch, bool) if active is None else np.asarray(active, bool).reshape(-1)
@@ -282,6 +283,8 @@ class Sampler:
     steps = steps_bucket(max_new_tokens)
     state = self._fit(state, int(np.minimum(lengths_b[active_b] + max_new_tokens, capacity).max()), capacity)
     rng = jnp.asarray(rng)
+    if keys_per_row(rng) and rng.shape[0] != batch:
+      raise ValueError(f"generate: {rng.shape[0]} per-row keys for a batch of {batch} rows")
     self._note_shape("generate", (batch, state.cache.capacity, steps, mode, rng.shape, str(rng.dtype)))
     with self._lock:
       weights = self._params

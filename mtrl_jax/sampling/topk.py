@@ -33,6 +33,26 @@ def sample_mode(params: SamplingParams, vocab_size: int) -> SampleMode:
   return SampleMode(False, top_k, params.top_p < 1.0)
 
 
+def keys_per_row(key: jax.Array) -> bool:
+  """Whether `key` holds one PRNG key per batch row (typed [B] or raw uint32 [B, 2]) rather than one."""
+  typed = jnp.issubdtype(key.dtype, jax.dtypes.prng_key)
+  return key.ndim == (1 if typed else 2)
+
+
+def fold_in_rows(key: jax.Array, data) -> jax.Array:
+  """`jax.random.fold_in` of one key, or of every row's key."""
+  if keys_per_row(key):
+    return jax.vmap(jax.random.fold_in, in_axes=(0, None))(key, data)
+  return jax.random.fold_in(key, data)
+
+
+def _categorical(key: jax.Array, logits_bk: jax.Array) -> jax.Array:
+  """One draw per row; with per-row keys, row b's draw depends only on key[b] and its own logits."""
+  if keys_per_row(key):
+    return jax.vmap(lambda k, l: jax.random.categorical(k, l, axis=-1))(key, logits_bk)
+  return jax.random.categorical(key, logits_bk, axis=-1)
+
+
 def _pick(x_bv: jax.Array, idx_b: jax.Array) -> jax.Array:
   return jnp.take_along_axis(x_bv, idx_b[:, None], axis=-1)[:, 0]
 
@@ -59,7 +79,7 @@ def choose_tokens(logits_bv: jax.Array, key: jax.Array, temperature: jax.Array, 
     return tok_b, _pick(jax.nn.log_softmax(logits_bv, axis=-1), tok_b)
   scaled_bv = logits_bv / temperature
   if not mode.top_k and not mode.nucleus:
-    tok_b = jax.random.categorical(key, scaled_bv, axis=-1).astype(jnp.int32)
+    tok_b = _categorical(key, scaled_bv).astype(jnp.int32)
     return tok_b, _pick(jax.nn.log_softmax(scaled_bv, axis=-1), tok_b)
   # Filter in sorted space: the support is then a prefix of positions, and
   # ties at the cut are broken by `lax.top_k`'s order instead of all kept.
@@ -67,6 +87,6 @@ def choose_tokens(logits_bv: jax.Array, key: jax.Array, temperature: jax.Array, 
   vals_bk, ids_bk = jax.lax.top_k(scaled_bv, k)
   if mode.nucleus:
     vals_bk = nucleus_filter(vals_bk, top_p)
-  j_b = jax.random.categorical(key, vals_bk, axis=-1)
+  j_b = _categorical(key, vals_bk)
   tok_b = _pick(ids_bk, j_b).astype(jnp.int32)
   return tok_b, _pick(jax.nn.log_softmax(vals_bk, axis=-1), j_b)

@@ -31,6 +31,7 @@ from absl import logging
 
 from mtrl_jax.rollout.actors import ActorPool, ParamBoard
 from mtrl_jax.rollout.ledger import TokenLedger
+from mtrl_jax.rollout.ownership import HostShare, host_share
 from mtrl_jax.rollout.session import Session
 from mtrl_jax.rollout.staleness_queue import QueueClosed, StalenessQueue
 from mtrl_jax.train.source import task_seeds
@@ -67,24 +68,33 @@ class AsyncSource:
       ticket before it is abandoned.
     join_timeout_s: how long `close` waits for the threads.
     fault_hook: test hook, see `ActorPool`.
+    share: this host's block of each update's groups (several hosts; see
+      rollout/ownership.py): the actors play only those, `next_batch` returns
+      only those, and admission follows the (global) version the learner
+      publishes, the same on every host.
   """
 
   def __init__(self, engine, *, params, version: int, seed: int, tasks_per_update: int, eta: int,
                actors: int, groups_per_chunk: int = 1, max_queued_groups: int | None = None,
                start_step: int = 0, step_timeout_s: float | None = None, max_restarts: int = 20,
-               max_attempts: int = 3, join_timeout_s: float = 10.0, fault_hook=None):
+               max_attempts: int = 3, join_timeout_s: float = 10.0, fault_hook=None,
+               share: HostShare | None = None):
     if not 1 <= groups_per_chunk <= tasks_per_update:
       raise ValueError(f"AsyncSource.groups_per_chunk must be in [1, tasks_per_update={tasks_per_update}], "
                        f"got {groups_per_chunk}")
     self.tasks, self.eta, self.join_timeout_s = int(tasks_per_update), int(eta), join_timeout_s
-    self.queue = StalenessQueue(eta=eta, groups_per_update=tasks_per_update, max_queued_groups=max_queued_groups,
+    share = share or host_share(self.tasks, 0, 1)
+    local = share.size  # the queue counts this host's groups only
+    groups_per_chunk = min(groups_per_chunk, local)
+    self.queue = StalenessQueue(eta=eta, groups_per_update=local, max_queued_groups=max_queued_groups,
                                 max_chunk=groups_per_chunk, max_attempts=max_attempts,
-                                first_group=start_step * tasks_per_update, version=version)
+                                first_group=start_step * local, version=version)
     self.board = ParamBoard(copy_params(params), version)
     self.pool = ActorPool(engine, self.queue, self.board, num_actors=actors, groups_per_chunk=groups_per_chunk,
                           seed=seed, groups_per_update=tasks_per_update,
                           batch_seeds=lambda k: task_seeds(seed, k, tasks_per_update),
-                          step_timeout_s=step_timeout_s, max_restarts=max_restarts, fault_hook=fault_hook)
+                          step_timeout_s=step_timeout_s, max_restarts=max_restarts, fault_hook=fault_hook,
+                          share=share)
     self._closed = False
     self._last_stats = self.pool.stats()
     self.pool.start()

@@ -8,8 +8,11 @@ about a policy that is still mixing.
 """
 from __future__ import annotations
 
+import jax
 import numpy as np
 
+from mtrl_jax.parallel.host_exchange import allgather_objects
+from mtrl_jax.rollout.ownership import HostShare
 from mtrl_jax.rollout.session import Session
 
 
@@ -26,9 +29,24 @@ def session_stats(sessions: list[Session], prefix: str) -> dict:
   }
 
 
-def evaluate(engine_sampled, engine_greedy, seeds, rng) -> dict:
-  """`eval/success` (sampled) and, given a greedy engine, `eval/greedy_success`; returns, turns, tokens."""
-  out = session_stats(engine_sampled.run(seeds, rng).sessions, "eval/")
+def play_share(engine, seeds, rng, share: HostShare | None = None) -> list[Session]:
+  """The sessions of this host's share of `seeds`, each keyed by its index: task j
+  plays with `fold_in(rng, j)` and group id j, whichever host plays it."""
+  js = range(len(seeds)) if share is None else share.indices
+  return engine.run([seeds[j] for j in js], group_keys=[jax.random.fold_in(rng, j) for j in js],
+                    group_ids=list(js)).sessions
+
+
+def evaluate(engine_sampled, engine_greedy, seeds, rng, share: HostShare | None = None) -> dict:
+  """`eval/success` (sampled) and, given a greedy engine, `eval/greedy_success`; returns, turns, tokens.
+
+  With `share` (several hosts) each host plays its block of the seeds and the
+  statistics cover every host's sessions (all hosts must call this together).
+  """
+  def everyone(sessions):
+    return sorted(sum(allgather_objects(sessions), []), key=lambda s: s.group_id)
+
+  out = session_stats(everyone(play_share(engine_sampled, seeds, rng, share)), "eval/")
   if engine_greedy is not None:
-    out.update(session_stats(engine_greedy.run(seeds, rng).sessions, "eval/greedy_"))
+    out.update(session_stats(everyone(play_share(engine_greedy, seeds, rng, share)), "eval/greedy_"))
   return out

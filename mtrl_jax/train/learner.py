@@ -23,7 +23,7 @@ from mtrl_jax.credit.batch import CreditBatch
 from mtrl_jax.credit.losses import PolicyLossConfig
 from mtrl_jax.credit.regularizers import kl_reward_penalty
 from mtrl_jax.credit.shaping import informative_groups_np
-from mtrl_jax.parallel.batch import num_batch_shards, shard_batch
+from mtrl_jax.parallel.batch import num_batch_shards, put_global_batch
 from mtrl_jax.parallel.sharded_init import state_shardings
 from mtrl_jax.parallel.sharded_step import (init_opt_state, opt_state_shardings, replicated,
                                             sharding_context)
@@ -87,7 +87,8 @@ class Learner:
                         decoupled=rl.decoupled)
     self._step = jax.jit(step, in_shardings=(self.state_sh, None, rep),
                          out_shardings=(self.state_sh, rep), donate_argnums=(0,))
-    self._score = jax.jit(make_score_fn(policy_gd, critic_gd))
+    # Replicated outputs: every host reads the whole batch's scores (multi-host included).
+    self._score = jax.jit(make_score_fn(policy_gd, critic_gd), out_shardings=rep)
     self._adv = jax.jit(self.estimator)
     self._mc_targets = jax.jit(monte_carlo_targets)
 
@@ -121,7 +122,9 @@ class Learner:
     return plan_rows(pb.length_b, row_len, row_multiple=multiple)
 
   def _put(self, tree):
-    return shard_batch(tree, self.mesh, self.rules)
+    # Every host holds the whole batch (sessions are gathered from all hosts
+    # before the update) and feeds the rows of its own devices.
+    return put_global_batch(tree, self.mesh, self.rules)
 
   # ------------------------------------------------------------------ scoring
   def score(self, pb: PackedBatch, plan: Optional[RowPlan] = None):

@@ -27,12 +27,16 @@ from mtrl_jax.models.config import RUNTIME_FIELDS, ModelConfig
 from mtrl_jax.models.tokenizer import ByteTokenizer, HFTokenizer
 from mtrl_jax.models.transformer import Transformer
 from mtrl_jax.models.value import Critic, PolicyWithValueHead
+from mtrl_jax.parallel.batch import num_batch_shards, put_global_batch
 from mtrl_jax.parallel.distributed import initialize_from_config
+from mtrl_jax.parallel.host_exchange import allgather_objects, barrier, is_multihost
 from mtrl_jax.parallel.mesh import mesh_from_config
 from mtrl_jax.parallel.rules import rules_from_config
+from mtrl_jax.parallel.sampler_mesh import SamplerWeights
 from mtrl_jax.parallel.sharded_init import create_sharded
 from mtrl_jax.parallel.sharded_step import sharding_context
 from mtrl_jax.rollout.engine import RolloutEngine
+from mtrl_jax.rollout.ownership import host_share
 from mtrl_jax.sampling.sampler import Sampler, SamplingParams
 from mtrl_jax.train import optim
 from mtrl_jax.train.checkpoint import Checkpointer, abstract_like
@@ -40,7 +44,7 @@ from mtrl_jax.train.evaluate import evaluate
 from mtrl_jax.train.learner import Learner, NonFiniteError
 from mtrl_jax.train.lm_step import make_lm_train_step
 from mtrl_jax.train.sft import DemoBatcher
-from mtrl_jax.train.source import SyncSource
+from mtrl_jax.train.source import SyncSource, merge_host_infos
 
 
 def _jsonable(c) -> dict:
@@ -111,8 +115,11 @@ class Run:
                            critic_gd=critic_gd, critic_params=critic_params, ref_params=ref,
                            total_updates=c.rl.steps, tokenizer=self.tok)
     self.learner.version = int(self.meta.get("version", 0))
-    self.sampler = Sampler(self.sampler_gd, self.learner.policy_params_for_sampler(), pad_id=self.tok.pad_id,
-                           stop_ids=(self.tok.eos_id,), version=self.learner.version)
+    # Several hosts: every host samples on its own devices (parallel/sampler_mesh.py).
+    self.weights = SamplerWeights(self.learner.policy_params_for_sampler(), self.rules,
+                                  tuple(c.rollout.local_mesh))
+    self.sampler = Sampler(self.sampler_gd, self.weights(self.learner.policy_params_for_sampler()),
+                           pad_id=self.tok.pad_id, stop_ids=(self.tok.eos_id,), version=self.learner.version)
 
   def _tree(self):
     s = self.learner.state
@@ -160,7 +167,34 @@ class Run:
     return SamplingParams(temperature=r.temperature, top_k=r.top_k, top_p=r.top_p)
 
   def _sync_sampler(self):
-    self.sampler.set_params(self.learner.policy_params_for_sampler(), self.learner.version)
+    """The learner's weights to this host's sampler (a global step on several hosts: all call it together)."""
+    self.sampler.set_params(self.weights(self.learner.policy_params_for_sampler()), self.learner.version)
+
+  def _share(self, tasks: int, field: str):
+    """This host's block of an update's groups (all of them on one host)."""
+    return host_share(tasks, field=field)
+
+  def _everyone(self, sessions, info, stage: str, step: int):
+    """All hosts' sessions of one update (canonical order) and their merged metrics.
+
+    With config.log.sessions, each host first appends what it played to
+    <workdir>/sessions/host<p>.jsonl.
+    """
+    if self.c.log.sessions:
+      self._log_sessions(sessions, stage, step)
+    if not is_multihost():
+      return sessions, info
+    everyone = allgather_objects((sessions, info))
+    merged = sorted((s for ss, _ in everyone for s in ss), key=lambda s: (s.group_id, s.session_id))
+    return merged, merge_host_infos([i for _, i in everyone], merged)
+
+  def _log_sessions(self, sessions, stage: str, step: int):
+    folder = os.path.join(self.workdir, "sessions")
+    os.makedirs(folder, exist_ok=True)
+    with open(os.path.join(folder, f"host{jax.process_index()}.jsonl"), "a") as f:
+      for s in sessions:
+        f.write(json.dumps({"stage": stage, "step": int(step), "host": jax.process_index(), **s.to_dict()},
+                           default=float) + "\n")
 
   def evaluate(self, step: int, stage: str, tasks: int | None = None, write: bool = True) -> dict:
     c = self.c
@@ -168,7 +202,8 @@ class Run:
     seeds = [c.eval.seed_offset + i for i in range(tasks or c.eval.tasks)]
     sampled = self._engine(1, self._train_sampling())
     greedy = self._engine(1, SamplingParams(greedy=True)) if c.eval.greedy else None
-    out = evaluate(sampled, greedy, seeds, jax.random.key(c.seed + 99))
+    out = evaluate(sampled, greedy, seeds, jax.random.key(c.seed + 99),
+                   share=host_share(len(seeds), allow_empty=True))
     if write:
       self.writer.write(step, stage, out)
     return out
@@ -198,10 +233,24 @@ class Run:
   def demos_dir(self) -> str:
     return self.c.demos.data_dir or os.path.join(self.workdir, "demos")
 
-  def stage_demos(self):
+  def _build_demos(self) -> str:
+    """The demos dataset's folder; on several hosts the main process builds it first.
+
+    The others then find it (a shared disk) or, on a host-local disk, build
+    the same data themselves: it is a pure function of the config.
+    """
     c = self.c
-    path = demos_lib.build_demos(c.env.name, dict(c.env.kwargs), episodes=c.demos.episodes,
-                                 data_dir=self.demos_dir(), quality=c.demos.quality, seed=c.seed)
+
+    def build():
+      return demos_lib.build_demos(c.env.name, dict(c.env.kwargs), episodes=c.demos.episodes,
+                                   data_dir=self.demos_dir(), quality=c.demos.quality, seed=c.seed)
+
+    path = build() if self.is_main else None
+    barrier("mtrl_jax.demos_built")
+    return path if self.is_main else build()
+
+  def stage_demos(self):
+    path = self._build_demos()
     sessions = demos_lib.load_demos(path)
     stats = demos_lib.summarize(sessions)
     say(f"demos at {path}: {stats}")
@@ -210,9 +259,7 @@ class Run:
 
   def stage_sft(self):
     c, s = self.c, self.c.sft
-    path = demos_lib.build_demos(c.env.name, dict(c.env.kwargs), episodes=c.demos.episodes,
-                                 data_dir=self.demos_dir(), quality=c.demos.quality, seed=c.seed)
-    from mtrl_jax.parallel.batch import num_batch_shards
+    path = self._build_demos()
     batcher = DemoBatcher(demos_lib.load_demos(path), self.tok, s.batch_size, c.seed,
                           only_successful=s.only_successful, pack=s.pack,
                           row_multiple=num_batch_shards(self.mesh, self.rules))
@@ -231,9 +278,9 @@ class Run:
       opt = L.state.opt_policy  # resumed mid-stage: the optimiser moments were saved there
     step_fn = make_lm_train_step(gd, tx, self.mesh, self.rules, p_sh, o_sh)
     prog = Progress("sft", s.steps, start)
-    from mtrl_jax.parallel.batch import shard_batch
     for k in range(start, s.steps):
-      batch = shard_batch(batcher.batch(k), self.mesh, self.rules)
+      # Every host builds the same global batch and feeds its own devices' rows.
+      batch = put_global_batch(batcher.batch(k), self.mesh, self.rules)
       params, opt, met = step_fn(params, opt, batch)
       if (k + 1) % max(c.log.every * 10, 1) == 0 or k + 1 == s.steps:
         m = jax.device_get(met)
@@ -288,12 +335,13 @@ class Run:
     start = int(self.meta["stage_step"]) if self.meta.get("stage") == "value_pretrain" else 0
     best, since_best = float(self.meta.get("vp_best", -np.inf)), int(self.meta.get("vp_since", 0))
     engine = self._engine(c.rl.group_size, self._train_sampling())
-    source = SyncSource(engine, seed=c.seed + 7, tasks_per_update=v.tasks_per_round)
+    source = SyncSource(engine, seed=c.seed + 7, tasks_per_update=v.tasks_per_round,
+                        share=self._share(v.tasks_per_round, "value_pretrain.tasks_per_round"))
     prog = Progress("value_pretrain", v.rounds, start)
     out = {}
     for r in range(start, v.rounds):
       self._sync_sampler()
-      sessions, info = source.next_batch(r)
+      sessions, info = self._everyone(*source.next_batch(r), "value_pretrain", r)
       met = self.learner.update(sessions, r, train_policy=False, epochs=v.epochs)
       ev = met.get("value/explained_variance_before", met.get("explained_variance", 0.0))
       self.writer.write(r, "value_pretrain", {**info, **met})
@@ -318,16 +366,18 @@ class Run:
     start = int(self.meta["stage_step"]) if self.meta.get("stage") == "rl" else 0
     engine = self._engine(rl.group_size, self._train_sampling(), tree=True)
     budget = float(c.rollout.tree.token_budget)
+    share = self._share(rl.tasks_per_update, "rl.tasks_per_update")
     if c.asynchronous.enabled:
       from mtrl_jax.train.async_source import AsyncSource
       a = c.asynchronous
-      source = AsyncSource(engine, params=self.learner.policy_params_for_sampler(), version=self.learner.version,
-                           seed=c.seed, tasks_per_update=rl.tasks_per_update, eta=a.eta, actors=a.actors,
-                           start_step=start, groups_per_chunk=a.groups_per_chunk,
-                           step_timeout_s=a.step_timeout_s or None)
+      source = AsyncSource(engine, params=self.weights(self.learner.policy_params_for_sampler()),
+                           version=self.learner.version, seed=c.seed, tasks_per_update=rl.tasks_per_update,
+                           eta=a.eta, actors=a.actors, start_step=start, groups_per_chunk=a.groups_per_chunk,
+                           step_timeout_s=a.step_timeout_s or None, share=share)
     else:
       source = SyncSource(engine, seed=c.seed, tasks_per_update=rl.tasks_per_update,
-                          dynamic_sampling=rl.dynamic_sampling, max_resample_rounds=rl.max_resample_rounds)
+                          dynamic_sampling=rl.dynamic_sampling, max_resample_rounds=rl.max_resample_rounds,
+                          share=share)
     prog = Progress("rl", rl.steps, start)
     nan_at = set(int(x) for x in c.debug.nan_at_updates)
     last = {}
@@ -344,10 +394,10 @@ class Run:
           break
         t0 = time.time()
         if c.asynchronous.enabled:  # a copy: the learner's step donates its buffers
-          source.publish(self.learner.policy_params_for_sampler(), self.learner.version)
+          source.publish(self.weights(self.learner.policy_params_for_sampler()), self.learner.version)
         else:
           self._sync_sampler()
-        sessions, info = source.next_batch(step)
+        sessions, info = self._everyone(*source.next_batch(step), "rl", step)
         met = self.learner.update(sessions, step, train_policy=step >= rl.critic_warmup,
                                   poison=float("nan") if step in nan_at else 0.0)
         tokens_seen += info.get("ledger/tokens_generated", 0.0) + info.get("ledger/tokens_prefilled", 0.0)

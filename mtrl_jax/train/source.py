@@ -12,6 +12,7 @@ import jax
 import numpy as np
 
 from mtrl_jax.credit.shaping import informative_groups_np
+from mtrl_jax.rollout.ownership import HostShare, group_key, host_share
 from mtrl_jax.rollout.session import Session
 
 
@@ -27,18 +28,28 @@ def task_seeds(seed: int, step: int, n: int, round_: int = 0) -> list[int]:
 
 
 class SyncSource:
-  """Plays B tasks x G sessions with the engine, blocking, for each update."""
+  """Plays T tasks x G sessions with the engine, blocking, for each update.
+
+  With `share` (several hosts) it plays only that host's block of the T
+  groups; seeds, group ids and keys are those the block's groups have in a
+  one-host run (rollout/ownership.py), so the union of all hosts' sessions is
+  the one-host batch.
+  """
 
   def __init__(self, engine, *, seed: int, tasks_per_update: int, dynamic_sampling: bool = False,
-               max_resample_rounds: int = 0):
+               max_resample_rounds: int = 0, share: HostShare | None = None):
     self.engine, self.seed, self.tasks = engine, seed, tasks_per_update
     self.dynamic_sampling, self.max_rounds = dynamic_sampling, max_resample_rounds
+    self.share = share or host_share(tasks_per_update, 0, 1)
     self.key = jax.random.key(seed)
 
   def _round(self, step: int, r: int):
-    res = self.engine.run(task_seeds(self.seed, step, self.tasks, r),
-                          jax.random.fold_in(jax.random.fold_in(self.key, step), r))
-    return res
+    seeds = task_seeds(self.seed, step, self.tasks, r)
+    js = self.share.indices
+    # Redraw rounds (dynamic sampling) get their own block of group ids.
+    first = (step * (self.max_rounds + 1) + r) * self.tasks
+    return self.engine.run([seeds[j] for j in js], group_keys=[group_key(self.key, step, j, r) for j in js],
+                           group_ids=[first + j for j in js])
 
   def next_batch(self, step: int) -> tuple[list[Session], dict]:
     res = self._round(step, 0)
@@ -52,7 +63,7 @@ class SyncSource:
         ok = [s for s in ss if s.trainable]
         keep, _ = informative_groups_np([s.group_id for s in ok], [s.episode_return for s in ok])
         return len({s.group_id for s, k in zip(ok, keep) if k})
-      while informative(sessions) < self.tasks and rounds <= self.max_rounds:
+      while informative(sessions) < self.share.size and rounds <= self.max_rounds:
         extra = self._round(step, rounds)
         sessions += extra.sessions
         ledger = ledger.merge(extra.ledger)
@@ -69,3 +80,37 @@ class SyncSource:
 
   def close(self) -> None:
     pass
+
+
+_RATIOS = {"ledger/turns_per_session": ("ledger/turns", "ledger/sessions"),
+           "ledger/generated_per_turn": ("ledger/tokens_generated", "ledger/turns")}
+
+
+def merge_host_infos(infos: Sequence[dict], sessions: Sequence[Session]) -> dict:
+  """One update's metrics from every host's `next_batch` info, and all hosts' sessions.
+
+  Token-ledger counts add up (their ratios are recomputed), the rollout
+  outcome metrics are recomputed from the global sessions, staleness takes
+  the worst host for maxima, and everything else (timings, queue and actor
+  statistics) is the mean over hosts.
+  """
+  out = {}
+  for k in sorted({k for i in infos for k in i}):
+    vals = [float(i[k]) for i in infos if k in i]
+    if k.startswith("ledger/") or k.startswith("staleness/hist_") or k.endswith("_total"):
+      out[k] = float(np.sum(vals))
+    elif k.endswith("/max"):
+      out[k] = float(np.max(vals))
+    else:
+      out[k] = float(np.mean(vals))
+  for k, (num, den) in _RATIOS.items():
+    if num in out and den in out:
+      out[k] = out[num] / max(out[den], 1.0)
+  if "ledger/sessions" in out:
+    out["ledger/success_rate"] = float(np.mean([bool(s.success) for s in sessions])) if sessions else 0.0
+  out.update({
+      "rollout/success": float(np.mean([bool(s.success) for s in sessions])) if sessions else 0.0,
+      "rollout/return": float(np.mean([s.episode_return for s in sessions if not s.env_error] or [0.0])),
+      "rollout/env_errors": sum(bool(s.env_error) for s in sessions),
+      "rollout/hosts": len(infos)})
+  return out

@@ -41,7 +41,27 @@ def train_losses(mesh):
   rows = process_batch_rows(GLOBAL_BATCH, mesh, rules)
   local = LMBatch(*(None if x is None else x[rows] for x in global_batch()))
   losses = [float(fetch_replicated(trainer.train_step(local))["loss"]) for _ in range(STEPS)]
-  return losses, rows
+  return losses, rows, trainer
+
+
+def sampler_weights_check(trainer) -> dict:
+  """The trained weights moved to this host's sampling mesh: where they live, and whether they
+  equal the global weights (max abs difference over all leaves)."""
+  import jax
+  import numpy as np
+  from jax.experimental import multihost_utils
+
+  from mtrl_jax.parallel import get_rules
+  from mtrl_jax.parallel.sampler_mesh import SamplerWeights
+
+  weights = SamplerWeights(trainer.params, get_rules("default"))
+  local = weights(trainer.params)
+  devices = sorted({d.id for x in jax.tree.leaves(local) for d in x.sharding.device_set})
+  full = multihost_utils.process_allgather(trainer.params, tiled=True)
+  diff = max(float(np.max(np.abs(np.asarray(a) - np.asarray(b))))
+             for a, b in zip(jax.tree.leaves(local), jax.tree.leaves(full)))
+  return dict(sampler_devices=devices, local_devices=sorted(d.id for d in jax.local_devices()),
+              sampler_max_diff=diff, fully_addressable=all(x.is_fully_addressable for x in jax.tree.leaves(local)))
 
 
 def main() -> int:
@@ -52,10 +72,11 @@ def main() -> int:
   info = initialize_from_config(None)  # everything comes from the MTRL_* environment
   mesh = make_mesh(MESH_SHAPE)
   data_hosts = [sorted({d.process_index for d in mesh.devices[i].flat}) for i in range(mesh.shape["data"])]
-  losses, rows = train_losses(mesh)
+  losses, rows, trainer = train_losses(mesh)
   print("RESULT " + json.dumps(dict(process_id=info.process_id, num_processes=info.num_processes,
                                     global_devices=info.global_devices, local_devices=info.local_devices,
-                                    data_hosts=data_hosts, rows=[rows.start, rows.stop], losses=losses)),
+                                    data_hosts=data_hosts, rows=[rows.start, rows.stop], losses=losses,
+                                    sampler=sampler_weights_check(trainer))),
         flush=True)
   jax.distributed.shutdown()
   return 0

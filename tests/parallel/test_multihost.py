@@ -58,7 +58,7 @@ def _collect(procs):
 def test_two_processes_train_like_one():
   procs = _launch(2)  # started first so the reference below overlaps with them
   from mtrl_jax.parallel import make_mesh
-  ref_losses, ref_rows = worker.train_losses(make_mesh(worker.MESH_SHAPE))
+  ref_losses, ref_rows, _ = worker.train_losses(make_mesh(worker.MESH_SHAPE))
   results = _collect(procs)
 
   assert ref_rows == slice(0, worker.GLOBAL_BATCH)
@@ -68,6 +68,12 @@ def test_two_processes_train_like_one():
     assert (r["local_devices"], r["global_devices"]) == (4, 8)
     assert r["data_hosts"] == [[0], [1]]  # each data slice lives on one host
     assert r["rows"] == [rank * half, (rank + 1) * half]
+    # The weights reached this host's sampling mesh: only its own devices, the
+    # global values exactly (a stale or wrong-host copy would differ after training).
+    sm = r["sampler"]
+    assert sm["fully_addressable"] and sm["sampler_devices"] == sm["local_devices"]
+    assert len(sm["local_devices"]) == 4 and sm["sampler_max_diff"] == 0.0
+  assert set(results[0]["sampler"]["local_devices"]).isdisjoint(results[1]["sampler"]["local_devices"])
   np.testing.assert_array_equal(results[0]["losses"], results[1]["losses"])
   np.testing.assert_allclose(results[0]["losses"], ref_losses, rtol=1e-5, atol=1e-6)
   assert ref_losses[-1] < ref_losses[0]  # the steps really updated the shared parameters

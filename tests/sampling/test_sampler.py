@@ -241,6 +241,9 @@ def test_long_append_is_chunked_exactly(policy):
 
 
 def test_compile_count_stays_bounded(policy):
+  # jax keeps one cache per jitted function, shared by every Sampler: start it
+  # empty, or programs compiled by earlier tests in this process are counted too.
+  jax.clear_caches()
   s = Sampler.from_model(policy, pad_id=PAD, stop_ids=[2], log_compiles=True)
   rng = np.random.default_rng(9)
   capacity, batch = 128, 2

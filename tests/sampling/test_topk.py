@@ -70,3 +70,29 @@ def test_sample_mode_turns_ineffective_filters_off():
   assert sample_mode(SamplingParams(top_k=500), 264) == SampleMode(False, 0, False)
   assert sample_mode(SamplingParams(top_k=5, top_p=0.9), 264) == SampleMode(False, 5, True)
   assert sample_mode(SamplingParams(greedy=True, top_k=5), 264) == SampleMode(True, 0, False)
+
+
+@settings(max_examples=20, deadline=None)
+@given(seed=st.integers(0, 2**31 - 1), top_k=st.sampled_from([0, 5]), top_p=st.sampled_from([1.0, 0.8]),
+       rows=st.integers(2, 7))
+def test_with_a_key_per_row_a_row_draws_the_same_in_any_batch(seed, top_k, top_p, rows):
+  """Per-row keys ([B] keys): each row's token and log-prob equal a one-row
+  draw with that row's key, whatever the other rows are, so a session's
+  tokens do not depend on the batch it is played in (multi-host ownership).
+
+  Catches a per-row key ignored (one key used for the batch): the draws of a
+  row then change with its position and batch (checked over 20 examples).
+  """
+  rng = np.random.default_rng(seed)
+  logits = (3.0 * rng.standard_normal((rows, V))).astype(np.float32)
+  keys = jax.random.split(jax.random.key(seed), rows)
+  params = SamplingParams(temperature=1.0, top_k=top_k, top_p=top_p)
+  tok, logp = choose(logits, keys, params)
+  for b in range(rows):
+    t1, l1 = choose(logits[b:b + 1], keys[b:b + 1], params)
+    assert tok[b] == t1[0]
+    np.testing.assert_allclose(logp[b], l1[0], rtol=1e-6)
+  # Shuffling the rows (with their keys) permutes the draws.
+  perm = rng.permutation(rows)
+  tok_p, _ = choose(logits[perm], keys[perm], params)
+  np.testing.assert_array_equal(tok_p, tok[perm])

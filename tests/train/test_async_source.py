@@ -257,3 +257,29 @@ def test_reported_staleness_is_the_one_recorded_on_the_tokens():
       seen.append(st.max())
   assert lrn.version == 4
   assert max(seen) > 0  # the actors ran ahead: these comparisons are not all 0 == 0
+
+
+def test_host_shares_together_play_the_one_host_batch():
+  """Two "hosts", each with its share (one of T=2 groups): the sync source and
+  the async one (eta = 0, two actors, started at update 3) play only that
+  share, and the shares together are the one-host batch of update 3, token
+  for token, with the same group and session ids.
+
+  Break checked: the actor pool keying a group by the host's local group
+  number instead of its place in the update (the async share then samples
+  host 0's tokens for host 1's task: fails).
+  """
+  from mtrl_jax.rollout.ownership import host_share
+  _, _, _, params, sampler, engine = world()
+  sampler.set_params(copy_params(params), 0)  # the shared world's sampler may hold later weights
+  whole, _ = SyncSource(copy.copy(engine), seed=0, tasks_per_update=T).next_batch(3)
+  parts = [SyncSource(copy.copy(engine), seed=0, tasks_per_update=T, share=host_share(T, p, 2)).next_batch(3)[0]
+           for p in range(2)]
+  assert {s.group_id for s in parts[0]}.isdisjoint({s.group_id for s in parts[1]})
+  same_sessions(sorted(parts[0] + parts[1], key=lambda s: (s.group_id, s.session_id)), whole)
+  assert {s.group_id for s in whole} == {3 * T, 3 * T + 1}
+  with AsyncSource(engine, params=params, version=0, seed=0, tasks_per_update=T, eta=0, actors=2,
+                   start_step=3, share=host_share(T, 1, 2)) as src:
+    src.publish(params, 0)
+    got, _ = src.next_batch(3)
+  same_sessions(got, parts[1])
