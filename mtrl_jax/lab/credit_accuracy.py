@@ -150,15 +150,26 @@ def _num(x: float):
   return None if not np.isfinite(x) else round(float(x), 4)
 
 
+def plot_points(agreement_by_distance: list) -> tuple[list, list]:
+  """The (distance, agreement) points of one line: distances without significant
+  items (None) are left out, so the line joins its neighbours across them (with
+  NaN gaps an entry between two empty distances would be an unjoined dot)."""
+  xy = [(d, y) for d, y in enumerate(agreement_by_distance) if y is not None]
+  return [d for d, _ in xy], [y for _, y in xy]
+
+
 def plot(path: str, result: dict) -> None:
   import matplotlib
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt
   fig, ax = plt.subplots(figsize=(8, 5))
   for name, r in result["estimators"].items():
-    ys = [np.nan if y is None else y for y in r["agreement_by_distance"]]
-    ax.plot(range(len(ys)), ys, marker="o", label=name, linestyle="--" if "gae" not in name else "-")
-  ax.set_xlabel("turns before the final reward (0 = the last turn)")
+    xs, ys = plot_points(r["agreement_by_distance"])
+    ax.plot(xs, ys, marker="o", label=name, linestyle="--" if "gae" not in name else "-")
+  counts = result.get("significant_by_distance")
+  if counts:  # how many items each column rests on, under its tick
+    ax.set_xticks(range(len(counts)), [f"{d}\nn={n}" for d, n in enumerate(counts)])
+  ax.set_xlabel("turns before the final reward (0 = the last turn); n = items with |A*| > 2 s.e.")
   ax.set_ylabel("sign agreement with A* (|A*| > 2 s.e.)")
   ax.set_title(f"{result['env']}: N={result['sessions']} sessions, K={result['continuations']} continuations")
   ax.set_ylim(-0.02, 1.02)
