@@ -29,10 +29,16 @@ TURN_VALUE_AT = ("first", "last")
 
 def adaptive_lambda(length, alpha: float = 0.05) -> jax.Array:
   """VAPO's length-adaptive lambda 1 - 1 / (alpha * l), clamped to [0, 1]."""
-  denom = alpha * jnp.asarray(length, jnp.float32)
-  pos = denom > 0
-  lam = jnp.where(pos, 1.0 - 1.0 / jnp.where(pos, denom, 1.0), 0.0)
-  return jnp.clip(lam, 0.0, 1.0)
+  # Equivalent mutants on the next lines (alpha > 0, length >= 0 here):
+  # an int or default-dtype length gives the same float32 product; for
+  # 0 <= denom <= 1 the formula gives lam <= 0, which the clip turns into the
+  # same 0 the `pos` guard gives, so `>= 0` or `> 1` change nothing; the
+  # inner `where` fill is masked by the outer one; and lam < 1 always, so the
+  # upper clip bound never binds.
+  denom = alpha * jnp.asarray(length, jnp.float32)  # pragma: no mutate
+  pos = denom > 0  # pragma: no mutate
+  lam = jnp.where(pos, 1.0 - 1.0 / jnp.where(pos, denom, 1.0), 0.0)  # pragma: no mutate
+  return jnp.clip(lam, 0.0, 1.0)  # pragma: no mutate
 
 
 def masked_reverse_gae(r_bt, v_bt, m_bt, gamma, lam_b, cut_bt=None) -> jax.Array:
@@ -204,8 +210,12 @@ def bilevel_gae(batch: CreditBatch, *, gamma: float = 1.0, gamma_turn: float = 1
   targets; with length_adaptive, the turn level uses l = number of turns and
   the token level l = number of action tokens of the episode.
   """
-  _check(lambda_policy, lambda_critic, alpha, gamma)
-  _check(lambda_policy, lambda_critic, alpha, gamma_turn)
+  # Equivalent mutants: each line checks the lambdas and alpha, so dropping
+  # one of them from either line changes nothing. The tests check all five
+  # options (test_critic_estimators_reject_out_of_range_options,
+  # test_bilevel_gae_rejects_out_of_range_gamma_turn).
+  _check(lambda_policy, lambda_critic, alpha, gamma)  # pragma: no mutate
+  _check(lambda_policy, lambda_critic, alpha, gamma_turn)  # pragma: no mutate
   b, t = batch.reward_bt.shape
   ep, tt, v, v_ek, lam_turn_p = _turn_level(batch, lambda_policy, length_adaptive,
                                             alpha, max_turns, value_at)
