@@ -278,10 +278,19 @@ def test_bilevel_gae_length_adaptive_uses_turns_high_and_tokens_low():
   Low (gamma 1): pos 4: .5; pos 2: G0 - V = 1.575;
     pos 1: .5 + (2/3)*1.575 = 1.55.
   Catches length_adaptive not reaching the turn level (lambda .95 there
-  gives A0 = 1.7775) or lengths swapped between the levels."""
+  gives A0 = 1.7775) or lengths swapped between the levels. A second
+  session (one action token) in the same batch must not change the first
+  one's numbers: counting the tokens of the whole batch (4) instead of the
+  episode's (3) would give pos 1 = .5 + .75*1.575 = 1.68."""
   adv, _ = bilevel_gae(_session(), gamma=1.0, gamma_turn=0.9, length_adaptive=True,
                        alpha=1.0)
   np.testing.assert_allclose(adv, [[0, 1.55, 1.575, 0, 0.5]], rtol=1e-6)
+  two = make_credit_batch(
+      np.concatenate([_REW, [[0, 0, 0, 0, 1]]]), np.concatenate([_MASK, [[0, 0, 0, 0, 1]]]),
+      np.concatenate([_TURN, np.zeros((1, 5), np.int32)]), episode_id_b=np.array([3, 8]),
+      value_bt=np.concatenate([_VAL, np.full((1, 5), 0.25, np.float32)]))
+  adv2, _ = bilevel_gae(two, gamma=1.0, gamma_turn=0.9, length_adaptive=True, alpha=1.0)
+  np.testing.assert_allclose(adv2[0], [0, 1.55, 1.575, 0, 0.5], rtol=1e-6)
 
 
 def test_turn_estimators_ignore_turns_from_max_turns_on():
@@ -297,3 +306,22 @@ def test_turn_estimators_ignore_turns_from_max_turns_on():
   adv, _ = bilevel_gae(_session(), gamma=1.0, gamma_turn=0.9, lambda_policy=0.5,
                        max_turns=1)
   np.testing.assert_allclose(adv, [[0, 0.5, 0, 0, 0]], rtol=1e-6, atol=1e-7)
+
+
+def test_turn_gae_value_at_last_hand_example():
+  """value_at='last': V0 = 1 (pos 2), V1 = 1.5 (pos 4).
+  d1 = 2 - 1.5 = .5, A1 = .5; d0 = 1 + .9*1.5 - 1 = 1.35,
+  A0 = 1.35 + .45*.5 = 1.575. Targets (lambda 1): A1 = .5 -> 2.0;
+  A0 = 1.35 + .9*.5 = 1.8 -> 1.8 + 1 = 2.8.
+  Catches value_at being ignored (the first token's value gives 2.075);
+  bilevel_gae's hand example cannot, since its targets G do not depend on
+  the turn's own value."""
+  adv, tgt = turn_gae(_session(), gamma=0.9, lambda_policy=0.5, value_at="last")
+  np.testing.assert_allclose(adv, [[0, 1.575, 1.575, 0, 0.5]], rtol=1e-6)
+  np.testing.assert_allclose(tgt, [[0, 2.8, 2.8, 0, 2.0]], rtol=1e-6)
+
+
+def test_turn_estimators_reject_unknown_value_at():
+  for fn in (turn_gae, bilevel_gae):
+    with pytest.raises(ValueError, match="value_at must be one of .*'middle'"):
+      fn(_session(), value_at="middle")
