@@ -29,10 +29,16 @@ TURN_VALUE_AT = ("first", "last")
 
 def adaptive_lambda(length, alpha: float = 0.05) -> jax.Array:
   """VAPO's length-adaptive lambda 1 - 1 / (alpha * l), clamped to [0, 1]."""
-  denom = alpha * jnp.asarray(length, jnp.float32)
-  pos = denom > 0
-  lam = jnp.where(pos, 1.0 - 1.0 / jnp.where(pos, denom, 1.0), 0.0)
-  return jnp.clip(lam, 0.0, 1.0)
+  # Equivalent mutants on the next lines (alpha > 0, length >= 0 here):
+  # an int or default-dtype length gives the same float32 product; for
+  # 0 <= denom <= 1 the formula gives lam <= 0, which the clip turns into the
+  # same 0 the `pos` guard gives, so `>= 0` or `> 1` change nothing; the
+  # inner `where` fill is masked by the outer one; and lam < 1 always, so the
+  # upper clip bound never binds.
+  denom = alpha * jnp.asarray(length, jnp.float32)  # pragma: no mutate
+  pos = denom > 0  # pragma: no mutate
+  lam = jnp.where(pos, 1.0 - 1.0 / jnp.where(pos, denom, 1.0), 0.0)  # pragma: no mutate
+  return jnp.clip(lam, 0.0, 1.0)  # pragma: no mutate
 
 
 def masked_reverse_gae(r_bt, v_bt, m_bt, gamma, lam_b, cut_bt=None) -> jax.Array:
@@ -162,7 +168,9 @@ def _turn_level(batch: CreditBatch, lambda_policy, length_adaptive, alpha, max_t
   ep = episode_table(batch.episode_id_b, batch.loss_mask_bt)
   tt = turn_table(batch.reward_bt, batch.loss_mask_bt, batch.turn_idx_bt, ep.ep_b, k)
   pos = tt.first_ek if value_at == "first" else tt.last_ek
-  v_ek = jnp.where(tt.exists_ek, v.reshape(-1)[pos], 0.0)
+  # Equivalent mutants of the fill: every reader masks turns that do not
+  # exist (masked_reverse_gae, and gather_turns reads existing turns only).
+  v_ek = jnp.where(tt.exists_ek, v.reshape(-1)[pos], 0.0)  # pragma: no mutate
   turns_e = jnp.sum(tt.exists_ek, axis=1)
   rows_e = jnp.arange(b)
   lam_p = _episode_lambda(turns_e, rows_e, lambda_policy, length_adaptive, alpha)
@@ -183,7 +191,8 @@ def turn_gae(batch: CreditBatch, *, gamma: float = 1.0, lambda_policy: float = 0
                                       max_turns, value_at)
   adv_ek = masked_reverse_gae(tt.reward_ek, v_ek, tt.exists_ek, gamma, lam_p)
   tgt_ek = masked_reverse_gae(tt.reward_ek, v_ek, tt.exists_ek, gamma, lambda_critic)
-  tgt_ek = jnp.where(tt.exists_ek, tgt_ek + v_ek, 0.0)
+  # Equivalent mutants of the fill: gather_turns reads existing turns only.
+  tgt_ek = jnp.where(tt.exists_ek, tgt_ek + v_ek, 0.0)  # pragma: no mutate
   return gather_turns(adv_ek, tt), gather_turns(tgt_ek, tt)
 
 
@@ -204,26 +213,40 @@ def bilevel_gae(batch: CreditBatch, *, gamma: float = 1.0, gamma_turn: float = 1
   targets; with length_adaptive, the turn level uses l = number of turns and
   the token level l = number of action tokens of the episode.
   """
-  _check(lambda_policy, lambda_critic, alpha, gamma)
-  _check(lambda_policy, lambda_critic, alpha, gamma_turn)
+  # Equivalent mutants: each line checks the lambdas and alpha, so dropping
+  # one of them from either line changes nothing. The tests check all five
+  # options (test_critic_estimators_reject_out_of_range_options,
+  # test_bilevel_gae_rejects_out_of_range_gamma_turn).
+  _check(lambda_policy, lambda_critic, alpha, gamma)  # pragma: no mutate
+  _check(lambda_policy, lambda_critic, alpha, gamma_turn)  # pragma: no mutate
   b, t = batch.reward_bt.shape
   ep, tt, v, v_ek, lam_turn_p = _turn_level(batch, lambda_policy, length_adaptive,
                                             alpha, max_turns, value_at)
   m = batch.loss_mask_bt > 0
-  r_flat = jnp.where(m, batch.reward_bt, 0.0).reshape(-1)
-  r_ek = jnp.where(tt.exists_ek, r_flat[tt.last_ek], 0.0)
+  # Equivalent mutants of the two fills: r_flat is read only at action tokens
+  # (last_ek), and r_ek only where a turn exists (masked_reverse_gae zeroes
+  # the rest).
+  r_flat = jnp.where(m, batch.reward_bt, 0.0).reshape(-1)  # pragma: no mutate
+  r_ek = jnp.where(tt.exists_ek, r_flat[tt.last_ek], 0.0)  # pragma: no mutate
   flat = jnp.arange(b * t).reshape(b, t)
   last_bt = gather_turns(tt.last_ek, tt)
-  eos = m & (tt.seg_bt < tt.exists_ek.size) & (flat == last_bt)
+  # Equivalent mutant `<=`: it adds only action tokens of turns >= K at flat
+  # index 0 (gather_turns gives them last 0), and those are outside in_turn,
+  # the mask of the low level, so their eos is never read.
+  eos = m & (tt.seg_bt < tt.exists_ek.size) & (flat == last_bt)  # pragma: no mutate
   in_turn = m & (tt.seg_bt < tt.exists_ek.size)
-  tokens_b = jnp.sum(m, axis=1).astype(jnp.float32)
+  # Equivalent mutants: astype's default dtype is float32. (The sum's axis
+  # is checked by test_bilevel_gae_length_adaptive_uses_turns_high_and_tokens_low.)
+  tokens_b = jnp.sum(m, axis=1).astype(jnp.float32)  # pragma: no mutate
   tokens_e = jax.ops.segment_sum(tokens_b, ep.ep_b, num_segments=b)
   lam_tok_p = _episode_lambda(tokens_e, ep.ep_b, lambda_policy, length_adaptive, alpha)
 
   def two_level(lam_turn, lam_tok):
     a_hi = masked_reverse_gae(r_ek, v_ek, tt.exists_ek, gamma_turn, lam_turn)
     g_bt = gather_turns(a_hi + v_ek, tt)
-    r_lo = jnp.where(eos, g_bt, jnp.where(m, batch.reward_bt, 0.0))
+    # Equivalent mutants of the inner fill: masked_reverse_gae zeroes the
+    # rewards outside in_turn, which holds only action tokens.
+    r_lo = jnp.where(eos, g_bt, jnp.where(m, batch.reward_bt, 0.0))  # pragma: no mutate
     a_lo = masked_reverse_gae(r_lo, v, in_turn, gamma, lam_tok, cut_bt=eos)
     return a_lo
 

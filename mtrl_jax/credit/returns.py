@@ -44,14 +44,17 @@ def return_to_go(batch: CreditBatch, *, gamma: float = 1.0, norm: str = "group_t
   grp_e = per_episode(dense_rank(batch.group_id_b), ep)
   turn = jnp.arange(k)[None, :]
   if norm == "none":
-    a_ek = jnp.where(valid, g_ek, 0.0)
+    # Equivalent mutants of the fill: gather_turns reads only turns that
+    # exist, and an existing turn's episode is valid, so valid == exists there.
+    a_ek = jnp.where(valid, g_ek, 0.0)  # pragma: no mutate
   else:
     if norm == "group_turn":
       seg, n = grp_e[:, None] * k + turn, b * k
     elif norm == "group":
       seg, n = jnp.broadcast_to(grp_e[:, None], (b, k)), b
     else:
-      seg, n = jnp.zeros((b, k), jnp.int32), 1
+      # Equivalent mutants: a larger segment count only adds empty segments.
+      seg, n = jnp.zeros((b, k), jnp.int32), 1  # pragma: no mutate
     a_ek = segment_normalize(g_ek.reshape(-1), seg.reshape(-1), valid.reshape(-1), n,
                              eps, scale_by_std, ddof).reshape(b, k)
   return gather_turns(a_ek, tt), None

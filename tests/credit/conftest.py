@@ -22,13 +22,14 @@ mutmut nothing here changes anything. See docs/mutation.md.
 import os
 
 import pytest
-from hypothesis import HealthCheck, settings
+from hypothesis import HealthCheck, Phase, settings
 
 UNDER_MUTMUT = "MUTANT_UNDER_TEST" in os.environ
+NO_SHRINK = (Phase.explicit, Phase.generate)
 
 if UNDER_MUTMUT:
   settings.register_profile(
-      "mutation", database=None, derandomize=True, deadline=None,
+      "mutation", database=None, derandomize=True, deadline=None, phases=NO_SHRINK,
       suppress_health_check=list(HealthCheck))
   settings.load_profile("mutation")
 
@@ -40,9 +41,10 @@ def pytest_collection_modifyitems(items):
   for item in items:
     fn = getattr(item, "obj", None)
     old = getattr(fn, "_hypothesis_internal_use_settings", None)
-    if old is not None and old.max_examples > int(cap):
+    if old is not None:
       fn._hypothesis_internal_use_settings = settings(
-          old, max_examples=int(cap), database=None, derandomize=True, deadline=None)
+          old, max_examples=min(old.max_examples, int(cap)), database=None,
+          derandomize=True, deadline=None, phases=NO_SHRINK)
 
 
 @pytest.fixture(autouse=True)

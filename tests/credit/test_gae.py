@@ -1,6 +1,9 @@
 """Critic estimators: gae, turn_gae, bilevel_gae, decoupled / adaptive lambda."""
+import re
+
 import jax.numpy as jnp
 import numpy as np
+import pytest
 import rlax
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -11,6 +14,7 @@ import jax
 
 from credit_fixtures import random_sessions, run, run_traced, seeds, split_per_turn, to_batch
 from mtrl_jax.credit import adaptive_lambda, compute_advantages, make_credit_batch
+from mtrl_jax.credit.gae import bilevel_gae, gae, turn_gae
 
 # One session, 5 tokens: [a, a | obs | a] plus a leading observation token.
 #   position  0    1    2    3    4
@@ -86,6 +90,12 @@ def test_length_adaptive_lambda_hand_values():
   # alpha .05: l=1000 -> 1 - 1/50 = .98; l=100 -> .8; l=20 -> 0; l=10 -> -1 -> 0; l=0 -> 0.
   got = adaptive_lambda(jnp.array([1000, 100, 20, 10, 0]), 0.05)
   np.testing.assert_allclose(got, [0.98, 0.8, 0.0, 0.0, 0.0], atol=1e-6)
+
+
+def test_length_adaptive_lambda_default_alpha_is_vapo_value():
+  # VAPO's alpha 0.05 is the default: l = 100 -> 1 - 1/5 = .8 (alpha 1.05
+  # would give 1 - 1/105). Catches a changed default.
+  np.testing.assert_allclose(adaptive_lambda(100), 0.8, atol=1e-6)
 
 
 @settings(max_examples=40, deadline=None)
@@ -214,3 +224,104 @@ def test_critic_estimators_agree_across_layouts(seed):
       if t_s is not None:
         np.testing.assert_allclose(np.asarray(t_p)[j][m], np.asarray(t_s)[o[0]][m],
                                    rtol=1e-4, atol=1e-5)
+
+
+CRITIC_FNS = dict(gae=gae, turn_gae=turn_gae, bilevel_gae=bilevel_gae)
+OUT_OF_RANGE = [("lambda_policy", 1.5), ("lambda_policy", -0.1), ("lambda_critic", 1.01),
+                ("lambda_critic", -1.0), ("gamma", 1.5), ("gamma", -0.5), ("alpha", 0.0),
+                ("alpha", -1.0)]
+
+
+@pytest.mark.parametrize("name", CRITIC_FNS)
+@pytest.mark.parametrize("option,value", OUT_OF_RANGE)
+def test_critic_estimators_reject_out_of_range_options(name, option, value):
+  """Lambdas and gamma outside [0, 1] and alpha <= 0 raise, naming the option
+  and the value. Catches a check dropped (an argument passed as None) or a
+  bound moved (alpha 0 accepted)."""
+  with pytest.raises(ValueError, match=re.escape(f"{option} must") + ".*" + re.escape(repr(value))):
+    CRITIC_FNS[name](_session(), **{option: value})
+
+
+def test_bilevel_gae_rejects_out_of_range_gamma_turn():
+  with pytest.raises(ValueError, match="gamma must .*1.5"):
+    bilevel_gae(_session(), gamma_turn=1.5)
+
+
+@pytest.mark.parametrize("name", CRITIC_FNS)
+def test_critic_estimators_accept_the_closed_range_ends(name):
+  """0 and 1 are valid lambdas / gammas and any alpha > 0 is valid (catches
+  `<=` turned into `<` in the range check)."""
+  for opts in (dict(lambda_policy=0.0, lambda_critic=1.0, gamma=0.0, alpha=1e-3),
+               dict(lambda_policy=1.0, lambda_critic=0.0, gamma=1.0)):
+    adv, _ = CRITIC_FNS[name](_session(), **opts)
+    assert np.all(np.isfinite(np.asarray(adv)))
+
+
+@pytest.mark.parametrize("name", CRITIC_FNS)
+def test_critic_estimators_default_alpha_is_vapo_value(name):
+  """length_adaptive without alpha uses alpha 0.05. On the hand session
+  (3 action tokens, 2 turns) 0.05 clamps lambda to 0, while 1.05 gives
+  lambda .52 to .68: the advantages differ by > .05. Catches a changed
+  default alpha."""
+  fn = CRITIC_FNS[name]
+  a_default, _ = fn(_session(), gamma=0.9, length_adaptive=True)
+  a_005, _ = fn(_session(), gamma=0.9, length_adaptive=True, alpha=0.05)
+  a_105, _ = fn(_session(), gamma=0.9, length_adaptive=True, alpha=1.05)
+  np.testing.assert_allclose(a_default, a_005, rtol=1e-6)
+  assert np.max(np.abs(np.asarray(a_105) - np.asarray(a_005))) > 0.05
+
+
+def test_bilevel_gae_length_adaptive_uses_turns_high_and_tokens_low():
+  """alpha 1 on the hand session (2 turns, 3 action tokens): the turn level
+  uses lambda 1 - 1/2 = .5, the token level 1 - 1/3 = 2/3.
+  High (gamma_turn .9): A1 = .5, A0 = 1.35 + .9*.5*.5 = 1.575, G0 = 2.575.
+  Low (gamma 1): pos 4: .5; pos 2: G0 - V = 1.575;
+    pos 1: .5 + (2/3)*1.575 = 1.55.
+  Catches length_adaptive not reaching the turn level (lambda .95 there
+  gives A0 = 1.7775) or lengths swapped between the levels. A second
+  session (one action token) in the same batch must not change the first
+  one's numbers: counting the tokens of the whole batch (4) instead of the
+  episode's (3) would give pos 1 = .5 + .75*1.575 = 1.68."""
+  adv, _ = bilevel_gae(_session(), gamma=1.0, gamma_turn=0.9, length_adaptive=True,
+                       alpha=1.0)
+  np.testing.assert_allclose(adv, [[0, 1.55, 1.575, 0, 0.5]], rtol=1e-6)
+  two = make_credit_batch(
+      np.concatenate([_REW, [[0, 0, 0, 0, 1]]]), np.concatenate([_MASK, [[0, 0, 0, 0, 1]]]),
+      np.concatenate([_TURN, np.zeros((1, 5), np.int32)]), episode_id_b=np.array([3, 8]),
+      value_bt=np.concatenate([_VAL, np.full((1, 5), 0.25, np.float32)]))
+  adv2, _ = bilevel_gae(two, gamma=1.0, gamma_turn=0.9, length_adaptive=True, alpha=1.0)
+  np.testing.assert_allclose(adv2[0], [0, 1.55, 1.575, 0, 0.5], rtol=1e-6)
+
+
+def test_turn_estimators_ignore_turns_from_max_turns_on():
+  """max_turns=1 on the hand session: turn 1 (position 4) is ignored (its
+  advantage is 0) and turn 0 becomes the last turn.
+  turn_gae: A0 = r0 - V0 = 1 - .5 = .5 on positions 1, 2 (target .5 + .5).
+  bilevel_gae (gamma 1, gamma_turn .9, lambda .5): A0 = 1 - V(pos 2) = 0,
+    G0 = 1; pos 2: G0 - V = 0; pos 1: 0 + 1 - .5 + .5*0 = .5.
+  Catches max_turns not passed on (turn 1 would count)."""
+  adv, tgt = turn_gae(_session(), gamma=0.9, lambda_policy=0.5, max_turns=1)
+  np.testing.assert_allclose(adv, [[0, 0.5, 0.5, 0, 0]], rtol=1e-6)
+  np.testing.assert_allclose(tgt, [[0, 1.0, 1.0, 0, 0]], rtol=1e-6)
+  adv, _ = bilevel_gae(_session(), gamma=1.0, gamma_turn=0.9, lambda_policy=0.5,
+                       max_turns=1)
+  np.testing.assert_allclose(adv, [[0, 0.5, 0, 0, 0]], rtol=1e-6, atol=1e-7)
+
+
+def test_turn_gae_value_at_last_hand_example():
+  """value_at='last': V0 = 1 (pos 2), V1 = 1.5 (pos 4).
+  d1 = 2 - 1.5 = .5, A1 = .5; d0 = 1 + .9*1.5 - 1 = 1.35,
+  A0 = 1.35 + .45*.5 = 1.575. Targets (lambda 1): A1 = .5 -> 2.0;
+  A0 = 1.35 + .9*.5 = 1.8 -> 1.8 + 1 = 2.8.
+  Catches value_at being ignored (the first token's value gives 2.075);
+  bilevel_gae's hand example cannot, since its targets G do not depend on
+  the turn's own value."""
+  adv, tgt = turn_gae(_session(), gamma=0.9, lambda_policy=0.5, value_at="last")
+  np.testing.assert_allclose(adv, [[0, 1.575, 1.575, 0, 0.5]], rtol=1e-6)
+  np.testing.assert_allclose(tgt, [[0, 2.8, 2.8, 0, 2.0]], rtol=1e-6)
+
+
+def test_turn_estimators_reject_unknown_value_at():
+  for fn in (turn_gae, bilevel_gae):
+    with pytest.raises(ValueError, match="value_at must be one of .*'middle'"):
+      fn(_session(), value_at="middle")

@@ -7,6 +7,7 @@ from hypothesis import given, settings
 
 from credit_fixtures import jitted, random_sessions, seeds, split_per_turn, to_batch, run
 from mtrl_jax.credit import make_credit_batch
+from mtrl_jax.credit.outcome import episode_group_advantage
 
 
 def _one_token_rows(returns, group, episode=None, tree=None):
@@ -126,3 +127,21 @@ def test_ms_grpo_gives_every_turn_of_an_episode_the_same_advantage(seed):
 def test_ms_grpo_rejects_unknown_context():
   with pytest.raises(ValueError, match="context"):
     run("ms_grpo", _one_token_rows([1, 0], [0, 0]), context="bogus")
+
+
+def test_episode_group_advantage_defaults_population_std_small_eps():
+  """Defaults eps 1e-6, scale_by_std True, ddof 0 (aaw calls it directly).
+  Returns 6, 2: deviation +-2, population std 2 -> +-2 / (2 + 1e-6).
+  Catches a changed default: eps 1.000001 gives +-0.67, scale_by_std False
+  +-2, ddof 1 +-0.71."""
+  adv_e, table = episode_group_advantage(_one_token_rows([6, 2], [0, 0]))
+  expect = np.array([2, -2]) / (2 + 1e-6)
+  np.testing.assert_allclose(np.asarray(adv_e)[np.asarray(table.ep_b)], expect, rtol=1e-7)
+  assert abs(float(adv_e[0]) - 1.0) > 1e-7  # eps is there
+
+
+def test_ms_grpo_passes_scale_by_std_through():
+  """ms_grpo(scale_by_std=False) is Dr. GRPO: returns 6, 2 -> +-2 (with the
+  std division it would be +-1). Catches ms_grpo dropping the option."""
+  adv, _ = run("ms_grpo", _one_token_rows([6, 2], [0, 0]), scale_by_std=False)
+  np.testing.assert_allclose(adv[:, 1], [2.0, -2.0])

@@ -31,6 +31,25 @@ def test_raw_returns_hand_example():
   assert tgt is None
 
 
+def test_default_gamma_is_one():
+  # Undiscounted: G_A = [1 + 0 + 2, 0 + 2, 2] = [3, 2, 2]; G_B = [1, 1, 0].
+  # Catches a changed default gamma (2.0 would give G_A[0] = 9).
+  adv, _ = run("return_to_go", _batch(), norm="none")
+  np.testing.assert_allclose(adv, [[0, 3, 0, 2, 0, 2], [0, 1, 0, 1, 0, 0]])
+
+
+def test_group_turn_normalisation_with_ddof_one():
+  # As below, but the variance is divided by n - 1 = 1 (two sessions):
+  #   turn 0: (1.5, .5) -> dev +-.5, var .5, std sqrt(.5) -> +-sqrt(.5)
+  #   turn 1: (1, 1)    -> 0, 0
+  #   turn 2: (2, 0)    -> dev +-1, var 2, std sqrt 2     -> +-sqrt(.5)
+  # Catches ddof not being passed on to the normalisation (ddof 0: +-1).
+  adv, _ = run("return_to_go", _batch(), gamma=0.5, norm="group_turn", eps=0.0, ddof=1)
+  h = math.sqrt(0.5)
+  np.testing.assert_allclose(adv, [[0, h, 0, 0, 0, h], [0, -h, 0, 0, 0, -h]], rtol=1e-6,
+                             atol=1e-6)
+
+
 def test_group_turn_normalisation_hand_example():
   # Per turn index across the two sessions (eps 0):
   #   turn 0: (1.5, .5) -> mean 1, std .5 -> +1, -1

@@ -168,3 +168,29 @@ def test_reverse_cumcount_counts_later_mask_tokens(seed, t):
     got = reverse_cumcount(jnp.asarray(mask))
     np.testing.assert_array_equal(np.asarray(got), expect)
     assert got.dtype == np.int32  # a count (used as an exponent of gamma*lambda)
+
+
+def test_turn_table_hand_example_with_a_turn_on_the_very_last_token():
+  """Two rows of one-token turns; episode 1's turn 1 is the batch's very last
+  token (flat index b*t - 1 = 5), so its first and last index must come out
+  as 5, not clipped to 4. Counts are int32 (a token count), and gather_turns
+  keeps the dtype of what it spreads (it also spreads int32 indices).
+
+  Catches (mutants seen surviving the random test at 5 examples): clipping
+  first/last to b*t - 2; count_ek as float (astype(None)); gather_turns'
+  zero pad as float32 for int32 input."""
+  #   row 0: mask 1 0 1, turn 0 0 1  -> (ep 0, turn 0) = flat 0, (ep 0, turn 1) = flat 2
+  #   row 1: mask 0 1 1, turn 0 0 1  -> (ep 1, turn 0) = flat 4, (ep 1, turn 1) = flat 5
+  mask = jnp.asarray([[1, 0, 1], [0, 1, 1]], jnp.float32)
+  turn = jnp.asarray([[0, 0, 1], [0, 0, 1]], jnp.int32)
+  reward = jnp.asarray([[1, 2, 3], [4, 5, 6]], jnp.float32)
+  tt = turn_table(reward, mask, turn, jnp.asarray([0, 1], jnp.int32), 2)
+  np.testing.assert_array_equal(np.asarray(tt.first_ek), [[0, 2], [4, 5]])
+  np.testing.assert_array_equal(np.asarray(tt.last_ek), [[0, 2], [4, 5]])
+  np.testing.assert_array_equal(np.asarray(tt.reward_ek), [[1, 3], [5, 6]])
+  np.testing.assert_array_equal(np.asarray(tt.count_ek), [[1, 1], [1, 1]])
+  np.testing.assert_array_equal(np.asarray(tt.seg_bt), [[0, 4, 1], [4, 2, 3]])
+  assert tt.count_ek.dtype == np.int32
+  spread = gather_turns(jnp.asarray([[10, 11], [12, 13]], jnp.int32), tt)
+  np.testing.assert_array_equal(np.asarray(spread), [[10, 0, 11], [0, 12, 13]])
+  assert spread.dtype == np.int32
