@@ -268,4 +268,5 @@ def test_one_dead_process_makes_the_other_exit(tmp_path):
   assert "process 0 of 2 stopped" in log0, log0[-3000:]
   m = [l for l in err.splitlines() if l.startswith("local.sh: process 0 exited")]
   assert m and not m[0].endswith(" 0"), err[-2000:]
+  print(f"the surviving process exited {waited:.0f}s after its peer was killed")  # shown with -s
   assert waited < 120, f"the surviving process took {waited:.0f}s to exit"
