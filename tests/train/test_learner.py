@@ -57,7 +57,7 @@ def _config(estimator, critic):
 MESHES = [(8, 1, 1), (1, 8, 1), (2, 2, 2), (1, 4, 2)]  # (data, fsdp, tensor)
 # Every mesh for the critic-free update; the critic's update on the mixed mesh.
 PARITY_CASES = [(shape, "ms_grpo", "none") for shape in MESHES] + [((2, 2, 2), "gae", "separate")]
-TOL_FRACTION = 1 / 200  # the tolerance, as a fraction of the largest entry of the update
+TOL_NORM = 1e-3  # the tolerance, as a fraction of the update's norm
 _reference = {}
 
 
@@ -87,7 +87,13 @@ def test_sharded_update_matches_one_device(spread_sessions, shape, estimator, cr
   """The update (params after minus before; the critic's too) on each mesh
   equals the one-device update within TOL, and the update is >= 100x TOL.
 
-  Measured on CPU: max|update| 1.9e-3, max|error| <= 8.1e-7, TOL 9.7e-6.
+  The comparison is in norm, per parameter tree: ||update_n - update_1|| <=
+  TOL_NORM * ||update_1||. An entry-by-entry maximum is ill-posed after one
+  Adam step: where a gradient entry is at fp32 noise level (~1e-9, below
+  Adam's eps), lr * g / (|g| + eps) is decided by summation order, and such
+  entries differed by 1.9e-5 (1% of the largest update) once the sessions
+  changed, while the norm error stays tiny.
+
   Breaks checked: the sharded update scaled by 1.01 (a 1% error) fails the
   same comparison (asserted below), so a sharding bug of that size would; a
   tolerance looser than 1% of the update fails the ratio assertion.
@@ -99,13 +105,13 @@ def test_sharded_update_matches_one_device(spread_sessions, shape, estimator, cr
   dn_p, dn_c, mn = _update_on(c, shape, spread_sessions)
   pairs = [("policy", d1_p, dn_p)] + ([("critic", d1_c, dn_c)] if critic != "none" else [])
   for name, d1, dn in pairs:
-    size = np.abs(d1).max()
-    tol = TOL_FRACTION * size
-    assert size >= 100 * tol and size > 0.5 * c.rl.lr, (name, size)
-    err = np.abs(dn - d1).max()
-    print(f"{shape} {estimator} {name}: max|update| {size:.3g}, max|error| {err:.3g}, tol {tol:.3g}")
+    size = np.linalg.norm(d1)
+    tol = TOL_NORM * size
+    assert size >= 100 * tol and np.abs(d1).max() > 0.5 * c.rl.lr, (name, size)
+    err = np.linalg.norm(dn - d1)
+    print(f"{shape} {estimator} {name}: |update| {size:.3g}, |error| {err:.3g}, tol {tol:.3g}")
     assert err <= tol, (name, err, tol)
-    assert np.abs(1.01 * dn - d1).max() > tol  # a 1% error is caught
+    assert np.linalg.norm(1.01 * dn - d1) > tol  # a 1% error is caught
   np.testing.assert_allclose(m1["total_loss"], mn["total_loss"], rtol=1e-4, atol=1e-6)
 
 
