@@ -243,9 +243,12 @@ def test_one_dead_process_makes_the_other_exit(tmp_path):
   """Process 1 is SIGKILLed during RL: process 0 must exit non-zero within 2
   minutes (not hang in a collective), saying why.
 
-  Without main's multi-host exit path, process 0 would leave through JAX's
-  shutdown barrier, wait for the peer's heartbeat timeout and abort without
-  saying which process stopped; the test reads that explanation.
+  Where process 0 is when its peer dies decides who reports it: a failed
+  collective or checkpoint barrier reaches main's multi-host exit path
+  ("process 0 of 2 stopped ..."); otherwise JAX's coordination service
+  declares the peer dead after distributed.heartbeat_timeout (30 s here) and
+  terminates process 0 with its own message. Both were seen; the test
+  accepts either, and requires the exit within 2 minutes.
   """
   run = str(tmp_path / "run")
   proc = _two_processes(run, "--config.rl.steps=200", "--config.eval.every=1000")
@@ -268,7 +271,8 @@ def test_one_dead_process_makes_the_other_exit(tmp_path):
   waited = time.time() - t0
   log0 = open(os.path.join(run, "logs", "process-0.log")).read()
   assert code != 0, f"local.sh exited 0 after a process was killed:\n{err[-2000:]}"
-  assert "process 0 of 2 stopped" in log0, log0[-3000:]
+  assert ("process 0 of 2 stopped" in log0
+          or "JAX distributed service detected fatal errors" in log0), log0[-3000:]
   m = [l for l in err.splitlines() if l.startswith("local.sh: process 0 exited")]
   assert m and not m[0].endswith(" 0"), err[-2000:]
   print(f"the surviving process exited {waited:.0f}s after its peer was killed")  # shown with -s
