@@ -34,6 +34,10 @@ def base_config() -> ml_collections.ConfigDict:
       logits_chunk=0,  # > 0: the learner's log-probs in chunks of this many positions (memory)
   ))
   c.hf_dir = ""  # a local HF folder (Llama/Qwen2) to start the policy from instead
+  # A warm start shared by many runs (a study's cells): another run's workdir whose
+  # policy (after its `sft` stage) starts this run when it has no checkpoint of its own;
+  # the stages that run finished up to sft (demos, sft) are then skipped here.
+  c.init_from = ""
   c.critic = ml_collections.ConfigDict(dict(
       kind="separate",  # none | separate (own trunk) | head (value head on the policy trunk)
       init_from_policy=True,

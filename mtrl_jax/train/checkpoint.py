@@ -71,3 +71,23 @@ def abstract_like(tree: Any) -> Any:
   """ShapeDtypeStructs (with shardings) matching a live pytree of arrays."""
   return jax.tree.map(
       lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=getattr(x, "sharding", None)), tree)
+
+
+def restore_subtree(workdir: str, abstract_subtree: dict) -> tuple[dict, dict]:
+  """Some top-level entries (e.g. {"policy": ...}) of another run's latest checkpoint, and its meta.
+
+  For a warm start shared by many runs (`config.init_from`): the source run may
+  differ in everything but the entries restored (a critic of another kind, no
+  reference model), so only those are read (orbax partial restore).
+  """
+  directory = os.path.abspath(os.path.join(workdir, "checkpoints"))
+  manager = ocp.CheckpointManager(directory, options=ocp.CheckpointManagerOptions(create=False))
+  step = manager.latest_step()
+  if step is None:
+    raise FileNotFoundError(f"config.init_from: no checkpoint in {directory}")
+  restore_args = ocp.checkpoint_utils.construct_restore_args(abstract_subtree)
+  out = manager.restore(step, args=ocp.args.Composite(
+      state=ocp.args.PyTreeRestore(item=abstract_subtree, restore_args=restore_args, partial_restore=True),
+      meta=ocp.args.JsonRestore()))
+  manager.close()
+  return out.state, dict(out.meta)

@@ -68,7 +68,9 @@ class Run:
     self.meta = self.ckpt.restore_meta() or {"stages_done": [], "stage": None, "stage_step": 0,
                                              "version": 0, "save_index": 0, "critic_ready": False}
     self._build_models()
-    if self.ckpt.latest_step() is not None:
+    if self.ckpt.latest_step() is None and c.init_from:
+      self._warm_start(c.init_from)
+    elif self.ckpt.latest_step() is not None:
       restored, _ = self.ckpt.restore(self._abstract_tree())
       self._load_tree(restored)
       say(f"resumed from checkpoint {self.ckpt.latest_step()} in {workdir}: stages done "
@@ -120,6 +122,27 @@ class Run:
                                   tuple(c.rollout.local_mesh))
     self.sampler = Sampler(self.sampler_gd, self.weights(self.learner.policy_params_for_sampler()),
                            pad_id=self.tok.pad_id, stop_ids=(self.tok.eos_id,), version=self.learner.version)
+
+  def _warm_start(self, source: str):
+    """The policy of another run's workdir (config.init_from) after its sft stage."""
+    from mtrl_jax.train.checkpoint import restore_subtree
+    want = {"policy": abstract_like(self.learner.state.policy)}
+    try:
+      got, meta = restore_subtree(source, want)
+    except (ValueError, KeyError) as e:  # orbax: a structure or shape that does not match
+      raise ValueError(f"config.init_from={source!r}: its policy does not match this run's model "
+                       f"(same config.model and critic.kind 'head' or not?): {e}") from e
+    done = [s for s in meta.get("stages_done", []) if s in ("demos", "sft")]
+    if "sft" not in done:
+      raise ValueError(f"config.init_from={source!r}: that run has not finished its sft stage "
+                       f"(stages done: {meta.get('stages_done')})")
+    self.learner.state = self.learner.state._replace(policy=got["policy"])
+    self._reset_policy_opt()
+    if self.learner.ref_params is not None:
+      self.learner.ref_params = jax.tree.map(jnp.copy, self.learner.state.policy)
+    self.meta["stages_done"] = done
+    self._sync_sampler()
+    say(f"warm start: policy of {source} (stages {done} skipped here)")
 
   def _tree(self):
     s = self.learner.state

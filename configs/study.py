@@ -1,0 +1,116 @@
+"""The credit-assignment study's runs (experiments/study.py, docs/STUDY.md).
+
+One config per cell of the study: a probe task, a credit arm and the knobs the
+five experiments vary. Every RL run of a probe starts from the same warm start
+(`stage=warm` builds it: demos + behaviour cloning; the study passes its folder
+as `--config.init_from`), so the cells differ only in what RL does.
+
+  python -m mtrl_jax.main --config=configs/study.py:probe=bifurcation,horizon=8,stage=warm --workdir=W
+  python -m mtrl_jax.main --config=configs/study.py:probe=bifurcation,horizon=8,arm=gae_lambda0.95,seed=1 \\
+      --workdir=R --config.init_from=W
+
+Args:
+  probe    memory (no hint: recall over the distractors) | bifurcation | keydoor (partial view)
+           | frozenlake | sokoban (TextArena, success-only reward)
+  horizon  memory/bifurcation: distractor turns; keydoor: grid side; ignored by TextArena games
+  arm      a credit estimator and its variant (ARMS below; the lab's names)
+  lp, lc   override lambda_policy / lambda_critic of a GAE arm (E4); -1 = the arm's own
+  eta      > 0: the async actor pool with this staleness bound (E2); 0 = synchronous
+  decoupled  decoupled PPO (proximal policy = the learner's) vs naive PPO on stale data (E2)
+  vp       value pretraining on/off for critic arms (E3)
+  context  session (one sample per session) | history | markov (one sample per turn, with the
+           transcript or only the current observation: MS-GRPO's layouts, E5)
+  stage    warm: build the warm start only; rl: value pretraining (critic arms), RL, final eval
+  runlocal smoke-test sizes
+"""
+from configs.common import default_config, shrink
+from mtrl_jax.config_args import parse_args
+
+# name -> (registry estimator, estimator kwargs, critic kind)
+ARMS = {
+    "grpo": ("grpo", {}, "none"),
+    "ms_grpo": ("ms_grpo", {}, "none"),
+    "rloo": ("rloo", {}, "none"),
+    "return_to_go": ("return_to_go", {"gamma": 0.9}, "none"),
+    "gae_lambda0.95": ("gae", {"lambda_policy": 0.95, "lambda_critic": 0.95}, "separate"),
+    "gae_lambda1": ("gae", {"lambda_policy": 1.0, "lambda_critic": 1.0}, "separate"),
+    "gae_decoupled": ("gae", {"lambda_policy": 0.95, "lambda_critic": 1.0}, "separate"),  # VC-PPO
+    "gae_length_adaptive": ("gae", {"length_adaptive": True, "lambda_critic": 1.0}, "separate"),  # VAPO
+    "turn_gae": ("turn_gae", {}, "separate"),
+    "bilevel_gae": ("bilevel_gae", {}, "separate"),
+    "tree": ("tree", {}, "none"),
+}
+
+PROBES = {
+    # The turn-0 peek decides the last turn's reward; without the hint the model must
+    # also carry the code across the distractors (letters: the echo turns teach copying).
+    "memory": ("memory", lambda h: {"length": h, "hint": False, "code_alphabet": "letters"}),
+    "bifurcation": ("bifurcation", lambda h: {"length": h}),
+    "keydoor": ("keydoor", lambda h: {"size": h, "view": 1}),
+    "frozenlake": ("textarena", lambda h: {"game": "FrozenLake-v0", "success_only": True}),
+    "sokoban": ("textarena", lambda h: {"game": "Sokoban-v0", "success_only": True}),
+}
+
+
+def get_config(arg=None):
+  a = parse_args(arg, {"probe": "bifurcation", "horizon": 4, "arm": "ms_grpo", "lp": -1.0, "lc": -1.0,
+                       "eta": 0, "decoupled": True, "vp": True, "context": "session", "stage": "rl",
+                       "seed": 0, "runlocal": False})
+  if a["probe"] not in PROBES:
+    raise ValueError(f"probe={a['probe']!r}: choose one of {sorted(PROBES)}")
+  if a["arm"] not in ARMS:
+    raise ValueError(f"arm={a['arm']!r}: choose one of {sorted(ARMS)}")
+  if a["stage"] not in ("warm", "rl"):
+    raise ValueError(f"stage={a['stage']!r}: choose warm or rl")
+  if a["context"] not in ("session", "history", "markov"):
+    raise ValueError(f"context={a['context']!r}: choose session, history or markov")
+  c = default_config()
+  env, kwargs = PROBES[a["probe"]]
+  c.env.name, c.env.kwargs = env, kwargs(a["horizon"])
+  c.seed = a["seed"]
+  c.log.tensorboard = False
+  c.checkpoint.every = 5
+  c.rollout.context_cap = 384
+  # The warm start: quality-0.5 demos take the tempting mistake at the decisive turn half
+  # the time (memory: skip the peek; bifurcation: the free arm), so behaviour cloning
+  # leaves a policy that makes it about half the time: RL has the choice to fix.
+  c.demos.episodes = 1000
+  c.demos.quality = 0.5
+  c.sft.steps = 600
+  c.sft.batch_size = 16
+  if a["stage"] == "warm":
+    c.stages = ("demos", "sft")
+    c.critic.kind = "none"
+    c.eval.tasks = 64
+    return shrink(c) if a["runlocal"] else c
+
+  est, kw, critic = ARMS[a["arm"]]
+  kw = dict(kw)
+  if a["lp"] >= 0:
+    kw["lambda_policy"] = a["lp"]
+  if a["lc"] >= 0:
+    kw["lambda_critic"] = a["lc"]
+  c.rl.estimator, c.rl.estimator_kwargs, c.critic.kind = est, kw, critic
+  if a["context"] != "session":  # one sample per turn, with the history or only the current turn
+    c.rl.layout, c.rl.context = "turn", a["context"]
+  # The RL budget of every cell: small enough for 5 seeds of every cell on 2 CPU cores.
+  c.rl.steps = 16
+  c.rl.tasks_per_update = 8
+  c.rl.group_size = 4
+  c.rl.minibatches = 1
+  # 2e-3: grpo moves a 0.6-success warm start to ~0.95 in 16 updates (pilot, seed 0); at the
+  # default 5e-4 no arm moved far from the warm start in this budget.
+  c.rl.lr = 2e-3
+  c.rl.decoupled = a["decoupled"]
+  c.value_pretrain.update(enabled=bool(a["vp"]), rounds=6, tasks_per_round=8, epochs=2, patience=3)
+  c.eval.every = 8  # evals at 0, 8, 16 (32 tasks), then the final 64-task eval stage
+  c.eval.tasks = 32
+  c.eval.greedy = False
+  if a["arm"] == "tree":
+    c.rollout.tree.update(enabled=True, branch_turns=(0,), width=2)
+  if a["eta"] > 0:
+    c.asynchronous.update(enabled=True, eta=a["eta"], actors=2)
+  if a["runlocal"]:
+    shrink(c)
+    c.value_pretrain.enabled = bool(a["vp"])
+  return c

@@ -1,0 +1,293 @@
+"""The credit-assignment study: its five experiments as data, and the command that runs them.
+
+  python experiments/study.py --root /tmp/study --parallel 2        # everything, resumable
+  python experiments/study.py --root /tmp/study --only E2 --dry_run  # the commands of one experiment
+  python experiments/report.py --root /tmp/study                     # -> docs/STUDY.md + docs/study/*.png
+
+Each experiment names its question, the published claim and its source, its
+cells (argument sets of configs/study.py) and the comparisons the claim makes
+("cell A beats cell B"). A run is one cell at one seed, in the folder
+ROOT/runs/<cell name>,seed=<s>; a cell used by several experiments (the
+synchronous GRPO cell is E1's and E2's) is run once. Every RL run of a probe
+starts from that probe's warm start, ROOT/warm/<probe>,horizon=<h> (built first,
+once). A relaunch of the same command skips finished runs (a final `eval` line
+in metrics.jsonl) and resumes the others from their checkpoints.
+
+The probe table (`--probes`) builds the warm start of every probe task and
+reports how often it succeeds: how much the study leaves RL to fix.
+"""
+from __future__ import annotations
+
+import argparse
+import concurrent.futures as cf
+import dataclasses
+import json
+import os
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from sweep import REPO, command, is_done, run_one  # noqa: E402
+
+CONFIG = "configs/study.py"
+SEEDS = (0, 1, 2, 3, 4)
+# configs/study.py's defaults for the keys a cell may set; a cell's name lists
+# probe, horizon and arm always, the other keys only where they differ.
+DEFAULTS = {"probe": "bifurcation", "horizon": 8, "arm": "grpo", "lp": -1.0, "lc": -1.0, "eta": 0,
+            "decoupled": True, "vp": True, "context": "session"}
+ALWAYS = ("probe", "horizon", "arm")
+# Every probe task with the horizon its warm start is measured at (the probe table).
+PROBES = (("memory", 4), ("memory", 8), ("bifurcation", 2), ("bifurcation", 8), ("keydoor", 5),
+          ("frozenlake", 0), ("sokoban", 0))
+
+
+def _fmt(v) -> str:
+  return str(v).lower() if isinstance(v, bool) else str(v)
+
+
+def cell_name(args: dict) -> str:
+  full = {**DEFAULTS, **args}
+  keys = [k for k in DEFAULTS if k in ALWAYS or full[k] != DEFAULTS[k]]
+  return ",".join(f"{k}={_fmt(full[k])}" for k in keys)
+
+
+def warm_name(probe: str, horizon: int) -> str:
+  return f"probe={probe},horizon={horizon}"
+
+
+@dataclasses.dataclass(frozen=True)
+class Cell:
+  label: str   # how the report's table names it
+  args: dict   # configs/study.py arguments (the rest at DEFAULTS)
+
+  @property
+  def name(self) -> str:
+    return cell_name(self.args)
+
+  @property
+  def warm(self) -> str:
+    full = {**DEFAULTS, **self.args}
+    return warm_name(full["probe"], full["horizon"])
+
+
+@dataclasses.dataclass(frozen=True)
+class Experiment:
+  id: str
+  title: str
+  question: str
+  claim: str
+  source: str
+  cells: tuple[Cell, ...]
+  # (better, worse): the claim says the first cell's label beats the second's
+  comparisons: tuple[tuple[str, str], ...]
+  note: str = ""  # what the setup changes from the paper's, in a sentence
+  figure: str = "curves"  # curves: success vs tokens per cell | bars: final success per cell
+
+  def cell(self, label: str) -> Cell:
+    for c in self.cells:
+      if c.label == label:
+        return c
+    raise KeyError(f"{self.id}: no cell {label!r}")
+
+
+# E1's arms: every estimator family, the GAE variants by name (configs/study.py ARMS).
+E1_ARMS = ("grpo", "ms_grpo", "rloo", "return_to_go", "gae_lambda0.95", "gae_lambda1", "gae_decoupled",
+           "gae_length_adaptive", "turn_gae", "bilevel_gae", "tree")
+E1_HORIZONS = (2, 8)
+ETAS = (0, 1, 2, 4, 8)
+
+
+def _e1() -> Experiment:
+  cells = tuple(Cell(f"{arm} h{h}", {"horizon": h, "arm": arm}) for h in E1_HORIZONS for arm in E1_ARMS)
+  long = max(E1_HORIZONS)
+  comps = tuple((f"{arm} h{long}", f"gae_lambda0.95 h{long}")
+                for arm in ("gae_lambda1", "gae_decoupled", "gae_length_adaptive", "ms_grpo"))
+  return Experiment(
+      "E1", "Estimators x horizon",
+      "Which credit estimators still find the turn-0 choice when its payoff is L turns away through noise?",
+      "Token-level GAE with lambda 0.95 and a learned critic under-credits actions far from the reward; "
+      "lambda 1, decoupled lambda (critic 1, policy 0.95), length-adaptive lambda and outcome-based "
+      "MS-GRPO do not.",
+      "VC-PPO (arXiv 2503.01491), VAPO (arXiv 2504.05118), MS-GRPO (arXiv 2508.10839)",
+      cells, comps, note="bifurcation task (see the probe table), horizons 2 and 8")
+
+
+def _e2() -> Experiment:
+  cells = tuple(Cell(f"{'decoupled' if d else 'naive'} eta={eta}",
+                     {"eta": eta, "decoupled": d} if eta else {})
+                for d in (True, False) for eta in ETAS if eta or d)
+  comps = tuple((f"decoupled eta={eta}", f"naive eta={eta}") for eta in ETAS if eta >= 4)
+  return Experiment(
+      "E2", "Decoupled vs naive PPO under staleness",
+      "Does the decoupled objective (proximal policy = the learner's current one) keep stale data useful?",
+      "With staleness eta >= 4, naive PPO degrades while decoupled PPO keeps its final success.",
+      "AReaL (arXiv 2505.24298), Table 5 / Fig. 5",
+      cells, comps,
+      note="grpo advantages, bifurcation h8, 2 actors; eta = 0 is the synchronous learner (both objectives "
+           "coincide there); staleness measured from the token versions", figure="bars")
+
+
+def _e3() -> Experiment:
+  cells = tuple(Cell(f"{arm} vp={'on' if vp else 'off'}", {"arm": arm, "vp": vp} if not vp else {"arm": arm})
+                for arm in ("gae_lambda0.95", "gae_decoupled") for vp in (True, False))
+  comps = tuple((f"{arm} vp=on", f"{arm} vp=off") for arm in ("gae_lambda0.95", "gae_decoupled"))
+  return Experiment(
+      "E3", "Value pretraining",
+      "Does fitting the critic on the warm-start policy's returns before RL stabilise and speed up PPO?",
+      "Value pretraining removes the early collapse that a randomly initialised critic causes and "
+      "improves PPO's final result.",
+      "VC-PPO (arXiv 2503.01491) section 3.2; VAPO (arXiv 2504.05118)",
+      cells, comps, note="bifurcation h8, 6 value-pretraining rounds (patience 3)")
+
+
+def _e4() -> Experiment:
+  grid = ((0.95, 0.95, {"arm": "gae_lambda0.95"}), (1.0, 1.0, {"arm": "gae_lambda1"}),
+          (0.95, 1.0, {"arm": "gae_decoupled"}), (1.0, 0.95, {"arm": "gae_lambda1", "lc": 0.95}))
+  cells = tuple(Cell(f"policy {lp} critic {lc}", args) for lp, lc, args in grid)
+  return Experiment(
+      "E4", "lambda_policy x lambda_critic",
+      "Is a critic fitted with lambda 1 and a policy advantage with lambda < 1 better than a shared lambda?",
+      "Decoupled lambda (critic 1.0, policy 0.95) beats a shared lambda of 0.95.",
+      "VC-PPO (arXiv 2503.01491) section 3.3",
+      cells, (("policy 0.95 critic 1.0", "policy 0.95 critic 0.95"),),
+      note="bifurcation h8; the 2 x 2 grid over {0.95, 1.0}", figure="bars")
+
+
+def _e5() -> Experiment:
+  cells = (Cell("trajectory grpo", {"arm": "grpo"}),
+           Cell("ms_grpo session", {"arm": "ms_grpo"}),
+           Cell("ms_grpo turn history", {"arm": "ms_grpo", "context": "history"}),
+           Cell("ms_grpo turn markov", {"arm": "ms_grpo", "context": "markov"}))
+  return Experiment(
+      "E5", "MS-GRPO per-turn samples vs trajectory GRPO",
+      "Does crediting the episode return to every turn as its own sample beat trajectory-level GRPO?",
+      "MS-GRPO (per-turn samples, Markov context) trains multi-step agents better than trajectory GRPO.",
+      "MS-GRPO (arXiv 2508.10839)",
+      cells, (("ms_grpo turn markov", "trajectory grpo"), ("ms_grpo turn history", "trajectory grpo")),
+      note="bifurcation h8; `session` = the same return on every turn in one sample per session")
+
+
+EXPERIMENTS = (_e1(), _e2(), _e3(), _e4(), _e5())
+
+
+def experiment(eid: str) -> Experiment:
+  for e in EXPERIMENTS:
+    if e.id == eid:
+      return e
+  raise KeyError(f"no experiment {eid!r}; have {[e.id for e in EXPERIMENTS]}")
+
+
+def planned_runs(ids=None, seeds=SEEDS) -> dict[str, Cell]:
+  """run folder name -> cell, over the chosen experiments (each shared cell once)."""
+  out = {}
+  for e in EXPERIMENTS:
+    if ids and e.id not in ids:
+      continue
+    for c in e.cells:
+      for s in seeds:
+        out[f"{c.name},seed={s}"] = c
+  return out
+
+
+def warm_command(python: str, root: str, warm: str) -> tuple[list[str], str]:
+  workdir = os.path.join(root, "warm", warm)
+  return command(python, f"{CONFIG}:{warm},stage=warm", workdir, []), workdir
+
+
+def run_command(python: str, root: str, name: str, cell: Cell, extra: list[str]) -> tuple[list[str], str]:
+  workdir = os.path.join(root, "runs", name)
+  warm = os.path.join(root, "warm", cell.warm)
+  return command(python, f"{CONFIG}:{name}", workdir, [f"--config.init_from={warm}", *extra]), workdir
+
+
+def _timed(name, cmd, workdir):
+  name, rc, secs = run_one(name, cmd, workdir)
+  if rc == 0:
+    with open(os.path.join(workdir, "wall.json"), "w") as f:
+      json.dump({"wall_s": secs}, f)
+  return name, rc, secs
+
+
+def _pool(jobs, parallel: int, what: str) -> list[str]:
+  failed, done = [], 0
+  t0 = time.time()
+  with cf.ThreadPoolExecutor(parallel) as pool:
+    futures = [pool.submit(_timed, *j) for j in jobs]
+    for fut in cf.as_completed(futures):
+      name, rc, secs = fut.result()
+      done += 1
+      status = "ok" if rc == 0 else f"FAILED rc={rc}"
+      left = (time.time() - t0) / done * (len(jobs) - done)
+      print(f"[{what} {done}/{len(jobs)} {secs:6.1f}s, ~{left / 60:.0f} min left] {status}: {name}", flush=True)
+      if rc:
+        failed.append(name)
+  return failed
+
+
+def main(argv=None) -> int:
+  p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog=__doc__.split("\n\n", 1)[1],
+                              formatter_class=argparse.RawDescriptionHelpFormatter)
+  p.add_argument("--root", required=True)
+  p.add_argument("--only", default="", help="comma-separated experiment ids (default: all)")
+  p.add_argument("--seeds", type=int, default=len(SEEDS), help="seeds 0..N-1 per cell (default 5)")
+  p.add_argument("--probes", action="store_true", help="also build the warm start of every probe task")
+  p.add_argument("--warm_only", action="store_true", help="build the warm starts, run nothing else")
+  p.add_argument("--parallel", type=int, default=1, help="runs at once (CPU; keep 1 on a TPU host)")
+  p.add_argument("--dry_run", action="store_true")
+  p.add_argument("--python", default=sys.executable)
+  a, rest = p.parse_known_args(argv)
+  if bad := [r for r in rest if not r.startswith("--config.")]:
+    p.error(f"unrecognized arguments: {' '.join(bad)} (only --config.FIELD=VALUE goes to the RL runs)")
+  ids = [x for x in a.only.split(",") if x]
+  for eid in ids:
+    experiment(eid)
+  root = os.path.abspath(a.root)
+  runs = planned_runs(ids, tuple(range(a.seeds)))
+  warms = sorted({c.warm for c in runs.values()} | ({warm_name(*pr) for pr in PROBES} if a.probes else set()))
+  warm_jobs = [(w, *warm_command(a.python, root, w)) for w in warms]
+  run_jobs = [(n, *run_command(a.python, root, n, c, rest)) for n, c in sorted(runs.items())]
+  if a.dry_run:
+    for _, cmd, _ in warm_jobs + run_jobs:
+      print(" ".join(cmd))
+    print(f"# {len(warm_jobs)} warm starts, {len(run_jobs)} runs; cwd {REPO}")
+    return 0
+  os.makedirs(root, exist_ok=True)
+  with open(os.path.join(root, "study.json"), "a") as f:
+    f.write(json.dumps({"time": time.strftime("%Y-%m-%d %H:%M:%S"), "argv": sys.argv[1:] if argv is None
+                        else list(argv), "runs": len(run_jobs), "warm": len(warm_jobs)}) + "\n")
+  warm_todo = [j for j in warm_jobs if not _warm_done(j[2])]
+  print(f"study: {len(warm_todo)} of {len(warm_jobs)} warm starts to build, parallel={a.parallel}", flush=True)
+  failed = _pool(warm_todo, a.parallel, "warm")
+  if failed:
+    print(f"study: warm starts failed: {failed}; relaunch to retry", file=sys.stderr)
+    return 1
+  if a.warm_only:
+    return 0
+  todo = [j for j in run_jobs if not is_done(j[2])]
+  print(f"study: {len(todo)} of {len(run_jobs)} runs to go, root={root}", flush=True)
+  failed = _pool(todo, a.parallel, "run")
+  if failed:
+    print(f"study: {len(failed)} runs failed: {', '.join(failed)}; relaunch to retry", file=sys.stderr)
+    return 1
+  print(f"study: done; python experiments/report.py --root {root}")
+  return 0
+
+
+def _warm_done(workdir: str) -> bool:
+  """A warm start is done when its sft stage wrote its evaluation."""
+  path = os.path.join(workdir, "metrics.jsonl")
+  if not os.path.exists(path):
+    return False
+  with open(path) as f:
+    for line in f:
+      try:
+        r = json.loads(line)
+      except json.JSONDecodeError:
+        continue
+      if r.get("stage") == "sft" and "eval/success" in r:
+        return True
+  return False
+
+
+if __name__ == "__main__":
+  sys.exit(main())

@@ -1,0 +1,103 @@
+"""`bifurcation`: a two-armed choice whose payoff arrives `length` turns later, through noise.
+
+The credit-assignment probe with nothing else to learn. Turn 0 picks an arm:
+`left` costs `cost` at once and pays +1.0 at the end with probability
+`p_good`; `right` is free and pays +1.0 with probability `p_bad`. Then
+`length` distractor turns (echo the shown letter, as in `memory`), each paying
+a random `+-noise` that no action influences, and a last turn (`done`) that
+collects the payoff. Nothing the agent sees after turn 0 tells the arms apart
+except its own first action, so all the credit for the outcome belongs to that
+one token, `length + 1` turns before the reward:
+
+  reset -> "left or right?"
+  left  -> "say q"      (reward -cost)
+  q     -> "say m"      (reward +-noise)
+  m     -> "done?"      (reward +-noise)
+  done  -> "paid"       (reward +1.0 with prob p_good, terminated; success = paid)
+
+Expected return: left `p_good - cost`, right `p_bad` (defaults 0.85 vs 0.3).
+An estimator that discounts, or bootstraps from a critic that cannot tell the
+arms apart, sees the immediate cost and the noise more clearly than the payoff.
+Unlike `memory` there is no recall to learn: a tiny model learns the format
+from demos in a few hundred steps, and RL's only job is the turn-0 choice.
+"""
+from __future__ import annotations
+
+import random
+
+from mtrl_jax.envs.base import Env, Reset, Step
+from mtrl_jax.envs.memory import ECHO_SYMBOLS
+from mtrl_jax.envs.registry import register
+
+ARMS = ("left", "right")
+
+
+@register("bifurcation")
+class Bifurcation(Env):
+  """Pick an arm, echo `length` letters through reward noise, collect the arm's payoff."""
+
+  def __init__(self, length: int = 4, cost: float = 0.1, p_good: float = 0.95, p_bad: float = 0.3,
+               noise: float = 0.1):
+    """
+    Args:
+      length: distractor turns between the choice and the payoff (>= 0).
+      cost: paid (as -cost) at once for the good arm (`left`), >= 0.
+      p_good / p_bad: payoff probability of `left` / `right`, in [0, 1].
+      noise: each distractor turn pays +noise or -noise with equal odds (>= 0).
+    """
+    if length < 0:
+      raise ValueError(f"bifurcation: length must be >= 0, got {length}")
+    if cost < 0 or noise < 0:
+      raise ValueError(f"bifurcation: cost and noise must be >= 0, got cost={cost}, noise={noise}")
+    for name, p in (("p_good", p_good), ("p_bad", p_bad)):
+      if not 0.0 <= p <= 1.0:
+        raise ValueError(f"bifurcation: {name} must be in [0, 1], got {p}")
+    self.length, self.cost, self.noise = length, float(cost), float(noise)
+    self.p_good, self.p_bad = float(p_good), float(p_bad)
+    self.max_turns = length + 2
+
+  def _cue(self, t: int) -> str:
+    return f"say {self.tokens[t - 1]}" if t <= self.length else "done?"
+
+  def _reset(self, seed: int) -> Reset:
+    self.tokens = [self.rng.choice(ECHO_SYMBOLS) for _ in range(self.length)]
+    # Drawn at reset, whatever the arm: the same seed then gives both arms the
+    # same noise and the same uniform draw (common random numbers for the lab).
+    self.signs = [self.rng.choice((-1.0, 1.0)) for _ in range(self.length)]
+    self.draw = self.rng.random()
+    self.arm = None
+    return Reset("bifurcation: pick an arm; it pays at the end.", "left or right?")
+
+  def _step(self, action: str) -> Step:
+    a = action.strip()
+    t = self.turn
+    if t == 0:
+      invalid = a not in ARMS
+      self.arm = "left" if a == "left" else "right"  # anything else counts as the free arm
+      reward = -self.cost if self.arm == "left" else 0.0
+      return Step(self._cue(1), reward, False, False, {"invalid_action": invalid})
+    if t <= self.length:
+      invalid = a != self.tokens[t - 1]
+      return Step(self._cue(t + 1), self.noise * self.signs[t - 1], False, False, {"invalid_action": invalid})
+    p = self.p_good if self.arm == "left" else self.p_bad
+    paid = self.draw < p
+    return Step("paid" if paid else "unpaid", 1.0 if paid else 0.0, True, False,
+                {"invalid_action": a != "done", "success": paid})
+
+  def expert_action(self) -> str:
+    t = self.turn
+    if t == 0:
+      return "left"
+    return self.tokens[t - 1] if t <= self.length else "done"
+
+  def suboptimal_action(self, rng: random.Random) -> str:
+    """The tempting mistake: the free arm. Later turns stay expert-like."""
+    return "right" if self.turn == 0 else self.expert_action()
+
+  def random_action(self, rng: random.Random) -> str:
+    t = self.turn
+    if t == 0:
+      return rng.choice(ARMS)
+    if t <= self.length:
+      return rng.choice((self.tokens[t - 1], rng.choice(ECHO_SYMBOLS)))
+    return "done"
