@@ -1,0 +1,323 @@
+"""docs/STUDY.md and its figures from the runs of the credit-assignment study (experiments/study.py).
+
+  python experiments/report.py --root ROOT [--out docs/STUDY.md] [--figdir docs/study] [--boot 2000]
+
+Reads ROOT/runs/<cell>,seed=<s>/metrics.jsonl (+ wall.json, config.json) and
+ROOT/warm/<probe>/metrics.jsonl. A run counts once its final `eval` line is
+there; the others are listed as missing and left out of every number. Prints
+the markdown path, then (last line) one JSON object with every verdict. The
+same ROOT gives the same STUDY.md, byte for byte, but for the date line.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import glob
+import json
+import os
+import re
+import shutil
+import sys
+
+import matplotlib
+import numpy as np
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import stats  # noqa: E402
+from plot import rl_curves  # noqa: E402
+from study import CONFIG, EXPERIMENTS, PROBES, SEEDS, warm_name  # noqa: E402
+
+AUC_DEF = ("AUC = area under rollout success vs `tokens_seen` (trapezoid over the RL steps) divided by "
+           "the token span: the token-weighted mean training success, higher = learns sooner per token.")
+
+
+def read_lines(workdir: str) -> list[dict]:
+  """metrics.jsonl's records; a half-written line (a killed run) is skipped."""
+  out = []
+  with open(os.path.join(workdir, "metrics.jsonl")) as f:
+    for line in f:
+      try:
+        out.append(json.loads(line))
+      except json.JSONDecodeError:
+        continue
+  return out
+
+
+def _json(path: str) -> dict | None:
+  try:
+    with open(path) as f:
+      return json.load(f)
+  except (OSError, json.JSONDecodeError):
+    return None
+
+
+def load_run(workdir: str) -> dict | None:
+  """One finished run's numbers; None if it has no final `eval` line (unfinished or absent)."""
+  if not os.path.isfile(os.path.join(workdir, "metrics.jsonl")):
+    return None
+  recs = read_lines(workdir)
+  finals = [r for r in recs if r.get("stage") == "eval" and r.get("eval/success") is not None]
+  if not finals:
+    return None
+  c = rl_curves(recs)  # drops the steps a resumed run rewrote
+  steps, tokens, succ = c.get("rollout/success", ([], [], []))
+  stale = [r["staleness/mean"] for r in recs if r.get("stage") == "rl" and r.get("staleness/mean") is not None]
+  return {"final": float(finals[-1]["eval/success"]), "auc": stats.auc(tokens, succ),
+          "curve": dict(zip(steps, zip(tokens, succ))), "tokens": c["tokens"][-1] if c["tokens"] else None,
+          "staleness": float(np.mean(stale)) if stale else None,
+          "wall": (_json(os.path.join(workdir, "wall.json")) or {}).get("wall_s"),
+          "config": _json(os.path.join(workdir, "config.json"))}
+
+
+def cell_stats(exp, runs: dict, boot: int) -> dict:
+  """label -> the cell's finished runs, missing run names and its estimates over seeds."""
+  out = {}
+  for cell in exp.cells:
+    names = [f"{cell.name},seed={s}" for s in SEEDS]
+    done = [runs[n] for n in names if runs[n] is not None]
+    vals = {k: [r[k] for r in done if r[k] is not None] for k in ("final", "auc", "tokens", "staleness", "wall")}
+    out[cell.label] = {"cell": cell, "runs": done, "missing": [n for n in names if runs[n] is None], **vals,
+                       "final_est": stats.bootstrap_ci(vals["final"], boot),
+                       "auc_est": stats.bootstrap_ci(vals["auc"], boot)}
+  return out
+
+
+def _ci(e) -> str:
+  return "—" if e is None else f"{e.mean:.3f} [{e.lo:.3f}, {e.hi:.3f}]"
+
+
+def _mean(xs, fmt="{:.3f}") -> str:
+  return fmt.format(float(np.mean(xs))) if xs else "—"
+
+
+def _tok(xs) -> str:
+  return "—" if not xs else f"{np.mean(xs) / 1e3:.1f}k"
+
+
+def _table(header, rows) -> str:
+  return "\n".join(["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+                   + ["| " + " | ".join(map(str, r)) + " |" for r in rows])
+
+
+def grid(exp) -> tuple[list[str], list[int]] | None:
+  """(arms, horizons) when every label is '<arm> h<H>' over a full grid (E1), else None."""
+  parts = [re.fullmatch(r"(.+) h(\d+)", c.label) for c in exp.cells]
+  if not all(parts):
+    return None
+  arms, hs = list(dict.fromkeys(m[1] for m in parts)), sorted({int(m[2]) for m in parts})
+  return (arms, hs) if len(parts) == len(arms) * len(hs) else None
+
+
+def cell_table(exp, cs: dict) -> str:
+  g = grid(exp)
+  if g:  # arms as rows, one column group per horizon
+    arms, hs = g
+    header = ["arm"] + [f"h{h} {k}" for h in hs for k in ("n", "final success", "AUC")]
+    rows = [[arm] + [x for h in hs for x in (len(cs[f"{arm} h{h}"]["final"]), _ci(cs[f"{arm} h{h}"]["final_est"]),
+                                             _ci(cs[f"{arm} h{h}"]["auc_est"]))] for arm in arms]
+    return _table(header, rows)
+  stale = any(v for s in cs.values() for v in s["staleness"])  # E2's async cells; 0 for synchronous runs
+  header = ["cell", "n", "final success", "AUC"] + (["staleness (mean)"] if stale else []) + ["tokens / run"]
+  rows = [[label, len(s["final"]), _ci(s["final_est"]), _ci(s["auc_est"])]
+          + ([_mean(s["staleness"], "{:.2f}")] if stale else []) + [_tok(s["tokens"])] for label, s in cs.items()]
+  return _table(header, rows)
+
+
+def judge(exp, cs: dict, boot: int) -> tuple[str, list[dict]]:
+  comps = []
+  for a, b in exp.comparisons:
+    comps.append({"a": a, "b": b, "final": stats.compare(cs[a]["final"], cs[b]["final"], boot),
+                  "auc": stats.compare(cs[a]["auc"], cs[b]["auc"], boot)})
+  return stats.verdict([(c["final"], c["auc"]) for c in comps]), comps
+
+
+def verdict_sentence(exp, verdict: str, comps: list[dict], cs: dict) -> str:
+  parts = [f"{c['a']} vs {c['b']}: final {_ci(cs[c['a']]['final_est'])} vs {_ci(cs[c['b']]['final_est'])} "
+           f"({c['final']}), AUC {_ci(cs[c['a']]['auc_est'])} vs {_ci(cs[c['b']]['auc_est'])} ({c['auc']})"
+           for c in comps]
+  return f"**{exp.id}: {verdict}** ({exp.title}): " + "; ".join(parts) + "."
+
+
+def figure(exp, cs: dict, path: str) -> None:
+  fig, ax = plt.subplots(figsize=(10 if grid(exp) else 7, 4.5))
+  g = grid(exp)
+  if g or exp.figure == "bars":
+    groups = [[(f"{arm} h{h}", f"h{h}") for h in g[1]] for arm in g[0]] if g else [[(k, None)] for k in cs]
+    width = 0.8 / len(groups[0])
+    for j in range(len(groups[0])):
+      est = [cs[grp[j][0]]["final_est"] for grp in groups]
+      mean = [e.mean if e else np.nan for e in est]
+      err = [[e.mean - e.lo if e else 0 for e in est], [e.hi - e.mean if e else 0 for e in est]]
+      ax.bar(np.arange(len(groups)) + (j - (len(groups[0]) - 1) / 2) * width, mean, width, yerr=err, capsize=3,
+             label=groups[0][j][1])
+    ax.set_xticks(np.arange(len(groups)), [grp[0][0].rsplit(" h", 1)[0] if g else grp[0][0] for grp in groups],
+                  rotation=30, ha="right", fontsize=8)
+    ax.set_ylabel("final eval success (mean, 95% bootstrap CI)")
+    if g:
+      ax.legend(title="horizon", fontsize=8)
+  else:  # mean rollout success vs mean tokens, at the steps every finished seed has; band = min..max
+    for label, s in cs.items():
+      steps = sorted(set.intersection(*(set(r["curve"]) for r in s["runs"]))) if s["runs"] else []
+      if not steps:
+        continue
+      t_sr = np.array([[r["curve"][st][0] for r in s["runs"]] for st in steps])
+      y_sr = np.array([[r["curve"][st][1] for r in s["runs"]] for st in steps])
+      line, = ax.plot(t_sr.mean(1), y_sr.mean(1), label=f"{label} (n={len(s['runs'])})")
+      ax.fill_between(t_sr.mean(1), y_sr.min(1), y_sr.max(1), color=line.get_color(), alpha=0.12)
+    ax.set_xlabel("tokens seen (generated + prefilled)")
+    ax.set_ylabel("rollout success (mean over seeds; band min..max)")
+    if ax.lines:
+      ax.legend(fontsize=8)
+  ax.set_ylim(-0.03, 1.03)
+  ax.grid(alpha=0.3)
+  ax.set_title(f"{exp.id}: {exp.title}")
+  fig.tight_layout()
+  fig.savefig(path, dpi=110, metadata={"Software": None})
+  plt.close(fig)
+
+
+def section(exp, cs: dict, verdict: str, comps: list[dict], fig_rel: str, root: str) -> str:
+  done = [r for s in cs.values() for r in s["runs"]]
+  missing = [n for s in cs.values() for n in s["missing"]]
+  cfg = next((r["config"] for r in done if r["config"]), None)
+  sizes = (f"{cfg['rl']['steps']} RL steps x {cfg['rl']['tasks_per_update']} tasks x group "
+           f"{cfg['rl']['group_size']} (the runs' config.json)" if cfg
+           else "sizes: see configs/study.py (no config.json found)")
+  walls = [w for s in cs.values() for w in s["wall"]]
+  wall = (f"{np.mean(walls) / 60:.1f} min per run, {np.sum(walls) / 3600:.2f} h in all ({len(walls)} runs timed)"
+          if walls else "not recorded")
+  cells = "; ".join(f"`{label}` = `{s['cell'].name}`" for label, s in cs.items())
+  judged = [[f"{c['a']} > {c['b']}", _ci(cs[c["a"]]["final_est"]), _ci(cs[c["b"]]["final_est"]), c["final"],
+             _ci(cs[c["a"]]["auc_est"]), _ci(cs[c["b"]]["auc_est"]), c["auc"]] for c in comps]
+  return "\n".join([
+      f"## {exp.id}: {exp.title}", "",
+      f"**Question.** {exp.question}", "",
+      f"**Published claim.** {exp.claim} ({exp.source})", "",
+      f"**Setup.** {exp.note + '. ' if exp.note else ''}Each run: `python -m mtrl_jax.main --config={CONFIG}:<cell>,seed=<s> "
+      f"--workdir={root}/runs/<cell>,seed=<s> --config.init_from={root}/warm/<warm start>`; {sizes}; "
+      f"seeds {', '.join(map(str, SEEDS))}; {len(done)} runs finished, {len(missing)} missing; "
+      f"{_tok([t for s in cs.values() for t in s['tokens']])} tokens per run; CPU wall time {wall}.", "",
+      f"Cells: {cells}.", "",
+      cell_table(exp, cs), "",
+      f"![{exp.id}]({fig_rel})", "",
+      "Claimed comparisons (A > B), judged on each metric: A>B / B>A when the 95% intervals are disjoint, "
+      f"overlap otherwise, n/a under {stats.MIN_N} seeds a side.", "",
+      _table(["claim", "final A", "final B", "final", "AUC A", "AUC B", "AUC"], judged), "",
+      verdict_sentence(exp, verdict, comps, cs), "",
+      *([f"<details><summary>missing runs ({len(missing)})</summary>\n\n" + "\n".join(f"- `{m}`" for m in missing)
+         + "\n\n</details>", ""] if missing else [])])
+
+
+def probe_table(root: str) -> str:
+  names = list(dict.fromkeys([warm_name(*p) for p in PROBES] + sorted(
+      os.path.basename(d) for d in glob.glob(os.path.join(root, "warm", "*")) if os.path.isdir(d))))
+  rows = []
+  for name in names:
+    kv = dict(p.split("=", 1) for p in name.split(",") if "=" in p)
+    wd = os.path.join(root, "warm", name)
+    sft = ([r for r in read_lines(wd) if r.get("stage") == "sft" and r.get("eval/success") is not None]
+           if os.path.isfile(os.path.join(wd, "metrics.jsonl")) else [])
+    fmt = lambda k: "—" if sft[-1].get(k) is None else f"{sft[-1][k]:.3f}"  # noqa: E731
+    status = ("built", fmt("eval/success"), fmt("eval/greedy_success")) if sft else \
+        ("unfinished" if os.path.isdir(wd) else "not built", "—", "—")
+    rows.append([kv.get("probe", name), kv.get("horizon", "—"), *status])
+  return _table(["probe", "horizon", "warm start", "sampled success", "greedy success"], rows)
+
+
+def lab_plot(root: str, figdir: str, rel: str) -> str:
+  pngs = sorted(glob.glob(os.path.join(root, "lab", "*", "agreement.png"))) or \
+      sorted(glob.glob(os.path.join(root, "lab", "*", "*.png")))
+  if not pngs:
+    return ("lab plot: pending (run `python -m mtrl_jax.lab.credit_accuracy --config=configs/lab.py "
+            f"--workdir={root}/lab/memory`)")
+  out = []
+  for p in pngs:
+    name = f"lab_{os.path.basename(os.path.dirname(p))}_{os.path.basename(p)}"
+    shutil.copyfile(p, os.path.join(figdir, name))
+    out.append(f"![lab {os.path.basename(os.path.dirname(p))}]({rel}/{name})")
+  return "\n\n".join(out)
+
+
+def header(root: str, n_runs: int, n_missing: int, date: str) -> str:
+  return f"""# The credit-assignment study
+
+Five experiments re-test published claims about credit assignment in multi-turn RL of LM agents (which
+advantage estimators still credit an early decisive turn, decoupled PPO under staleness, value pretraining,
+decoupled lambdas, MS-GRPO's per-turn samples) on small probe tasks. Each cell is one `{CONFIG}` argument set,
+run over seeds {', '.join(map(str, SEEDS))} from the probe's shared warm start, so cells differ only in what RL does.
+Final success = the last `eval` stage (64 tasks). {AUC_DEF} Intervals: 95% percentile bootstrap of the mean
+over seeds (fixed RNG; one seed = the value itself). A claim "A beats B" counts as reproduced when A's interval
+lies above B's on final success or on AUC and nowhere below; not reproduced when B's lies above A's on either.
+
+Generated: {date}
+Runs: {n_runs} finished, {n_missing} missing (of the plan: every cell x seed; missing runs are listed per experiment).
+
+Reproduce (CPU, resumable; relaunching skips finished runs):
+```bash
+python experiments/study.py --root {root} --parallel 2 --probes
+python experiments/report.py --root {root}
+```
+Scale out: every run is a plain `python -m mtrl_jax.main` job, so an experiment's grid can go through
+`launch/sweep.sh`, which runs `experiments/sweep.py` on every worker of a TPU VM (one process per host;
+on a multi-host slice all hosts run the same sweep in lockstep and the root must be a shared folder, see
+launch/README.md). Listing the grid keys in the cell-name order (probe, horizon, arm, then the varied keys)
+gives the same run folders as study.py, e.g. `launch/sweep.sh --config configs/study.py --grid
+'probe=bifurcation;horizon=8;arm=grpo,gae_lambda1;seed=0,1,2,3,4' --root ROOT/runs
+--config.init_from=ROOT/warm/probe=bifurcation,horizon=8` after building that warm start with
+`launch/run_all.sh --config={CONFIG}:probe=bifurcation,horizon=8,stage=warm
+--workdir=ROOT/warm/probe=bifurcation,horizon=8`.
+study.py itself has no TPU launcher, and sweep.py writes no `wall.json` (wall time then reads "not recorded")."""
+
+
+def report(root: str, out: str, figdir: str, boot: int = stats.BOOT, date: str | None = None) -> dict:
+  root = os.path.abspath(root)
+  os.makedirs(figdir, exist_ok=True)
+  rel = os.path.relpath(figdir, os.path.dirname(os.path.abspath(out)))
+  names = {f"{c.name},seed={s}" for e in EXPERIMENTS for c in e.cells for s in SEEDS}
+  runs = {n: load_run(os.path.join(root, "runs", n)) for n in sorted(names)}
+  result, sections, headline = {}, [], []
+  for exp in EXPERIMENTS:
+    cs = cell_stats(exp, runs, boot)
+    verdict, comps = judge(exp, cs, boot)
+    figure(exp, cs, os.path.join(figdir, f"{exp.id}.png"))
+    sections.append(section(exp, cs, verdict, comps, f"{rel}/{exp.id}.png", root))
+    won = sum("A>B" in (c["final"], c["auc"]) for c in comps)
+    lost = sum("B>A" in (c["final"], c["auc"]) for c in comps)
+    headline.append(f"- **{exp.id}** {exp.title}: **{verdict}** ({won} of {len(comps)} claimed comparisons "
+                    f"won on final success or AUC, {lost} reversed)")
+    result[exp.id] = {"verdict": verdict, "cells": {label: {
+        "n": len(s["final"]), "final": s["final_est"].mean if s["final_est"] else None,
+        "final_ci": [s["final_est"].lo, s["final_est"].hi] if s["final_est"] else None,
+        "auc": s["auc_est"].mean if s["auc_est"] else None} for label, s in cs.items()}}
+  n_done = sum(r is not None for r in runs.values())
+  date = date or datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+  text = "\n\n".join([header(root, n_done, len(runs) - n_done, date),
+                      "<!-- headline -->\n" + "\n".join(headline) + "\n<!-- /headline -->",
+                      "## Probe tasks: how often the warm start already succeeds\n\n" + probe_table(root),
+                      "## Credit-accuracy lab\n\n" + lab_plot(root, figdir, rel), *sections])
+  os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
+  with open(out, "w") as f:
+    f.write(text.rstrip() + "\n")
+  return {"experiments": result, "runs": n_done, "missing": len(runs) - n_done}
+
+
+def main(argv=None) -> dict:
+  p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+  p.add_argument("--root", required=True, help="the study root (experiments/study.py --root)")
+  p.add_argument("--out", default="docs/STUDY.md")
+  p.add_argument("--figdir", default="docs/study")
+  p.add_argument("--boot", type=int, default=stats.BOOT, help="bootstrap resamples")
+  a = p.parse_args(argv)
+  if not os.path.isdir(a.root):
+    p.error(f"--root {a.root} is not a folder")
+  result = report(a.root, a.out, a.figdir, a.boot)
+  print(a.out)
+  print(json.dumps(result))
+  return result
+
+
+if __name__ == "__main__":
+  main()

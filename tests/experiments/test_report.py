@@ -1,0 +1,168 @@
+"""experiments/report.py on a synthetic study root: verdicts, missing runs, tables, JSON line, determinism."""
+import importlib.util
+import json
+import os
+import shutil
+
+import pytest
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+_spec = importlib.util.spec_from_file_location("experiments_report", os.path.join(REPO, "experiments", "report.py"))
+report = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(report)
+import study  # noqa: E402  (report.py put experiments/ on sys.path)
+
+E3 = study.experiment("E3")  # comparisons: "<arm> vp=on" beats "<arm> vp=off" for two arms
+SEEDS = (0, 1, 2, 3)
+
+
+def write_run(root, name, success, *, final=True, tokens_per_step=1000.0, staleness=None, wall=60.0):
+  """The line pattern of a study run: rl eval at 0, 16 rl steps (evals at 8, 16), then the final eval."""
+  wd = root / "runs" / name
+  wd.mkdir(parents=True)
+  lines = [{"step": 0, "stage": "value_pretrain", "value_pretrain/explained_variance": 0.5},
+           {"step": 0, "stage": "rl", "eval/success": 0.5}]
+  for s in range(1, 17):
+    rec = {"step": s, "stage": "rl", "rollout/success": success, "rollout/return": success,
+           "tokens_seen": s * tokens_per_step, "staleness/mean": staleness or 0.0, "staleness/max": 0,
+           "ledger/invalid_actions": 0}
+    if s % 8 == 0:
+      rec["eval/success"] = success
+    lines.append(rec)
+  if final:
+    lines.append({"step": 16, "stage": "eval", "eval/success": success})
+  (wd / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines))
+  (wd / "wall.json").write_text(json.dumps({"wall_s": wall}))
+  (wd / "config.json").write_text(json.dumps({"rl": {"steps": 16, "tasks_per_update": 8, "group_size": 4}}))
+
+
+def fill(root, exp, level, noise=0.01):
+  """Every run of `exp`; `level(label)` is the cell's success, plus a small per-seed offset."""
+  for c in exp.cells:
+    for s in SEEDS:
+      write_run(root, f"{c.name},seed={s}", level(c.label) + noise * (s - 1.5))
+
+
+@pytest.fixture
+def only(monkeypatch):
+  def use(*exps):
+    monkeypatch.setattr(report, "EXPERIMENTS", exps)
+    monkeypatch.setattr(report, "SEEDS", SEEDS)
+  return use
+
+
+def run_report(tmp_path, boot=500):
+  out = tmp_path / "docs" / "STUDY.md"
+  res = report.report(str(tmp_path / "root"), str(out), str(tmp_path / "docs" / "study"), boot=boot,
+                      date="DATE")
+  return res, out.read_text()
+
+
+@pytest.mark.parametrize("on,off,expected", [(0.9, 0.3, "reproduced"), (0.3, 0.9, "not reproduced"),
+                                             (0.6, 0.6, "inconclusive")])
+def test_verdict_follows_the_data(tmp_path, only, on, off, expected):
+  """vp=on at 0.9 vs vp=off at 0.3 (every seed, +-0.015) must read reproduced, the flip not reproduced,
+  equal cells inconclusive. Catches swapped verdict logic and comparisons read the wrong way round."""
+  only(E3)
+  fill(tmp_path / "root", E3, lambda label: on if label.endswith("vp=on") else off)
+  res, text = run_report(tmp_path)
+  assert res["experiments"]["E3"]["verdict"] == expected
+  cell = res["experiments"]["E3"]["cells"]["gae_lambda0.95 vp=on"]
+  assert cell["n"] == 4 and cell["final"] == pytest.approx(on) and cell["auc"] == pytest.approx(on)
+  assert cell["final_ci"][0] <= on <= cell["final_ci"][1] and cell["final_ci"][1] - cell["final_ci"][0] < 0.04
+  head = text.split("<!-- headline -->")[1].split("<!-- /headline -->")[0]
+  assert f"Value pretraining: **{expected}**" in head
+  sentence = next(x for x in text.splitlines() if x.startswith(f"**E3: {expected}**"))
+  assert f"final {on:.3f} [" in sentence and f"vs {off:.3f} [" in sentence  # it carries the numbers
+  assert (tmp_path / "docs" / "study" / "E3.png").stat().st_size > 1000
+
+
+def test_missing_runs_are_listed_and_left_out(tmp_path, only):
+  """One vp=on seed stops before its final eval, at success 0.0: it must be counted missing, named, and
+  kept out of the mean (0.9, not 0.675). Catches an unfinished run read as finished."""
+  only(E3)
+  root = tmp_path / "root"
+  fill(root, E3, lambda label: 0.9 if label.endswith("vp=on") else 0.3, noise=0.0)
+  cell = E3.cell("gae_decoupled vp=on")
+  bad = f"{cell.name},seed=2"
+  shutil.rmtree(root / "runs" / bad)
+  write_run(root, bad, 0.0, final=False)
+  res, text = run_report(tmp_path)
+  got = res["experiments"]["E3"]["cells"]["gae_decoupled vp=on"]
+  assert got["n"] == 3 and got["final"] == pytest.approx(0.9)
+  assert res["missing"] == 1 and res["runs"] == 4 * 4 - 1
+  assert f"- `{bad}`" in text and "Runs: 15 finished, 1 missing" in text
+
+
+def test_grid_table_probes_lab_and_json_line(tmp_path, only, capsys):
+  """E1 (arms x horizons) with only two arms run: a pivot table with a column group per horizon; every
+  other cell n=0 and missing; the probe table names built and unbuilt warm starts; main() ends with the
+  JSON line. Catches a pivot that drops a horizon, n=0 cells crashing the report, and a JSON that
+  disagrees with the table."""
+  e1 = study.experiment("E1")
+  only(e1)
+  root = tmp_path / "root"
+  for arm, level in (("gae_lambda1", 0.9), ("gae_lambda0.95", 0.2)):
+    for h in (2, 8):
+      for s in SEEDS:
+        write_run(root, f"{e1.cell(f'{arm} h{h}').name},seed={s}", level + 0.01 * s, tokens_per_step=500.0 * h)
+  warm = root / "warm" / study.warm_name("bifurcation", 8)
+  warm.mkdir(parents=True)
+  (warm / "metrics.jsonl").write_text(json.dumps({"step": 600, "stage": "sft", "eval/success": 0.55,
+                                                  "eval/greedy_success": 0.75}) + "\n")
+  out = tmp_path / "STUDY.md"
+  report.main(["--root", str(root), "--out", str(out), "--figdir", str(tmp_path / "figs"), "--boot", "300"])
+  lines = capsys.readouterr().out.strip().splitlines()
+  assert lines[0] == str(out)
+  res = json.loads(lines[-1])
+  text = out.read_text()
+  assert res["runs"] == 16 and res["missing"] == 22 * 4 - 16
+  assert "| arm | h2 n | h2 final success | h2 AUC | h8 n | h8 final success | h8 AUC |" in text
+  row = next(x for x in text.splitlines() if x.startswith("| gae_lambda1 |"))
+  assert row.count("| 4 |") == 2
+  assert res["experiments"]["E1"]["cells"]["rloo h8"] == {"n": 0, "final": None, "final_ci": None, "auc": None}
+  assert res["experiments"]["E1"]["cells"]["gae_lambda1 h8"]["final"] == pytest.approx(0.915)
+  # only one of the four claims has data: gae_lambda1 beats gae_lambda0.95, the rest are n/a
+  assert res["experiments"]["E1"]["verdict"] == "inconclusive"
+  assert "| bifurcation | 8 | built | 0.550 | 0.750 |" in text and "| memory | 4 | not built | — | — |" in text
+  assert "lab plot: pending" in text
+
+
+def test_same_root_same_markdown(tmp_path, only):
+  """Two reports of one root differ only in the date line. Catches an unseeded bootstrap or an
+  unordered listing leaking into the text."""
+  only(E3)
+  fill(tmp_path / "root", E3, lambda label: 0.5 + 0.1 * len(label) % 0.4, noise=0.05)
+  outs = []
+  for date in ("2026-01-01", "2026-02-02"):
+    out = tmp_path / f"{date}.md"
+    report.report(str(tmp_path / "root"), str(out), str(tmp_path / "figs"), boot=500, date=date)
+    outs.append([x for x in out.read_text().splitlines() if not x.startswith("Generated: ")])
+  assert outs[0] == outs[1] and len(outs[0]) > 30
+
+
+def test_lab_png_is_copied_and_linked(tmp_path, only):
+  """Catches a lab plot that is linked but not copied into the figure folder (or linked elsewhere)."""
+  only(E3)
+  lab = tmp_path / "root" / "lab" / "memory"
+  lab.mkdir(parents=True)
+  (lab / "agreement.png").write_bytes(b"\x89PNG fake")
+  _, text = run_report(tmp_path)
+  assert "](study/lab_memory_agreement.png)" in text
+  assert (tmp_path / "docs" / "study" / "lab_memory_agreement.png").read_bytes() == b"\x89PNG fake"
+
+
+def test_staleness_column_for_the_async_cells(tmp_path, only):
+  """E2's table carries each cell's mean staleness (here eta / 2); E3's synchronous cells get no such column.
+  Catches a staleness column that is dropped, or filled from the wrong cell."""
+  e2 = study.experiment("E2")
+  only(e2, E3)
+  root = tmp_path / "root"
+  for c in (*e2.cells, *E3.cells):
+    for s in SEEDS:
+      write_run(root, f"{c.name},seed={s}", 0.5 + 0.01 * s, staleness=c.args.get("eta", 0) / 2)
+  _, text = run_report(tmp_path)
+  e2_text, e3_text = text.split("## E2:")[1].split("## E3:")
+  assert "| cell | n | final success | AUC | staleness (mean) | tokens / run |" in e2_text
+  assert next(x for x in e2_text.splitlines() if x.startswith("| naive eta=8 |")).endswith("| 4.00 | 16.0k |")
+  assert "| cell | n | final success | AUC | tokens / run |" in e3_text
