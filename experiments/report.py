@@ -142,8 +142,8 @@ def verdict_sentence(exp, verdict: str, comps: list[dict], cs: dict) -> str:
 
 
 def figure(exp, cs: dict, path: str) -> None:
-  fig, ax = plt.subplots(figsize=(10 if grid(exp) else 7, 4.5))
   g = grid(exp)
+  fig, ax = plt.subplots(figsize=(10 if g else 7, 4.5))
   if g or exp.figure == "bars":
     groups = [[(f"{arm} h{h}", f"h{h}") for h in g[1]] for arm in g[0]] if g else [[(k, None)] for k in cs]
     width = 0.8 / len(groups[0])
