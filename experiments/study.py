@@ -252,6 +252,12 @@ def main(argv=None) -> int:
     print(f"# {len(warm_jobs)} warm starts, {len(run_jobs)} runs; cwd {REPO}")
     return 0
   os.makedirs(root, exist_ok=True)
+  # JAX's persistent compilation cache, shared by the runs: every run compiles the same
+  # functions (same shapes), so all but the first load them (measured on the 2-core CPU:
+  # one bifurcation run 66 s without the cache, 23 s with it; identical results).
+  os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", os.path.join(root, "jax_cache"))
+  os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
+  os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
   with open(os.path.join(root, "study.json"), "a") as f:
     f.write(json.dumps({"time": time.strftime("%Y-%m-%d %H:%M:%S"), "argv": sys.argv[1:] if argv is None
                         else list(argv), "runs": len(run_jobs), "warm": len(warm_jobs)}) + "\n")

@@ -13,6 +13,9 @@ VARIANTS = [
     ("memory", {}), ("memory", {"length": 0}), ("memory", {"length": 16, "num_codes": 26}),
     ("memory", {"distractor": "wait"}),
     ("repair", {}), ("repair", {"bugs": 3, "length": 6}), ("repair", {"partial_credit": True}),
+    # bifurcation pays by chance even for the expert: p_good = 1 makes the expert exact.
+    ("bifurcation", {"p_good": 1.0}),
+    ("bifurcation", {"length": 12, "p_good": 1.0, "noise": 0.0}),
 ]
 
 
@@ -93,7 +96,7 @@ def test_text_is_compact(name, kwargs):
         assert obs.isascii() and action.isascii()
 
 
-@pytest.mark.parametrize("name", BUILTINS)
+@pytest.mark.parametrize("name", BUILTINS + ["bifurcation"])
 def test_info_keys_and_horizon(name):
   env = envs.make(name)
   rng = random.Random(0)
