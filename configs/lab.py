@@ -8,7 +8,7 @@ behaviour cloning on quality-0.5 demos (the policy peeks about half the time and
 copies the code: sampled success about 0.5), a separate critic fitted by 16 rounds of
 value pretraining, N = tasks x group_size sessions, K continuations per turn.
 Args: length, tasks, group, k, env (any registered env, with its default kwargs;
-`length` applies to memory only), runlocal (a smoke-test size).
+`length` applies to memory and bifurcation), runlocal (a smoke-test size).
 """
 from configs.common import default_config, shrink
 from mtrl_jax.config_args import parse_args
@@ -20,7 +20,8 @@ def get_config(arg=None):
   c = default_config(a["length"])
   if a["env"] != "memory":
     c.env.name = a["env"]
-    c.env.kwargs = {}
+    # `length` is bifurcation's too (distractor turns between the choice and the payoff).
+    c.env.kwargs = {"length": a["length"]} if a["env"] == "bifurcation" else {}
   # With hint=True the recall over 8 distractors is not needed, the copying is: the loss
   # sits on a plateau (token accuracy ~0.6, success ~0.1) until ~200 steps, then the copy is
   # learned; 600 steps end at accuracy ~0.96 and sampled success ~0.5 (half the demos skip),
