@@ -103,12 +103,15 @@ def _table(header, rows) -> str:
 
 
 def grid(exp) -> tuple[list[str], list[int]] | None:
-  """(arms, horizons) when every label is '<arm> h<H>' over a full grid (E1), else None."""
+  """(arms, horizons) when every label is '<arm> h<H>' (E1; an arm may lack some horizons), else None."""
   parts = [re.fullmatch(r"(.+) h(\d+)", c.label) for c in exp.cells]
   if not all(parts):
     return None
-  arms, hs = list(dict.fromkeys(m[1] for m in parts)), sorted({int(m[2]) for m in parts})
-  return (arms, hs) if len(parts) == len(arms) * len(hs) else None
+  # arms in order of first appearance at the horizon with the most arms
+  hs = sorted({int(m[2]) for m in parts})
+  widest = max(hs, key=lambda h: sum(int(m[2]) == h for m in parts))
+  arms = list(dict.fromkeys([m[1] for m in parts if int(m[2]) == widest] + [m[1] for m in parts]))
+  return arms, hs
 
 
 def cell_table(exp, cs: dict) -> str:
@@ -116,8 +119,11 @@ def cell_table(exp, cs: dict) -> str:
   if g:  # arms as rows, one column group per horizon
     arms, hs = g
     header = ["arm"] + [f"h{h} {k}" for h in hs for k in ("n", "final success", "AUC")]
-    rows = [[arm] + [x for h in hs for x in (len(cs[f"{arm} h{h}"]["final"]), _ci(cs[f"{arm} h{h}"]["final_est"]),
-                                             _ci(cs[f"{arm} h{h}"]["auc_est"]))] for arm in arms]
+    def cols(label):
+      if label not in cs:
+        return ("—", "not in the study", "—")
+      return len(cs[label]["final"]), _ci(cs[label]["final_est"]), _ci(cs[label]["auc_est"])
+    rows = [[arm] + [x for h in hs for x in cols(f"{arm} h{h}")] for arm in arms]
     return _table(header, rows)
   stale = any(v for s in cs.values() for v in s["staleness"])  # E2's async cells; 0 for synchronous runs
   header = ["cell", "n", "final success", "AUC"] + (["staleness (mean)"] if stale else []) + ["tokens / run"]
@@ -148,7 +154,7 @@ def figure(exp, cs: dict, path: str) -> None:
     groups = [[(f"{arm} h{h}", f"h{h}") for h in g[1]] for arm in g[0]] if g else [[(k, None)] for k in cs]
     width = 0.8 / len(groups[0])
     for j in range(len(groups[0])):
-      est = [cs[grp[j][0]]["final_est"] for grp in groups]
+      est = [cs[grp[j][0]]["final_est"] if grp[j][0] in cs else None for grp in groups]
       mean = [e.mean if e else np.nan for e in est]
       err = [[e.mean - e.lo if e else 0 for e in est], [e.hi - e.mean if e else 0 for e in est]]
       ax.bar(np.arange(len(groups)) + (j - (len(groups[0]) - 1) / 2) * width, mean, width, yerr=err, capsize=3,
@@ -228,17 +234,42 @@ def probe_table(root: str) -> str:
 
 
 def lab_plot(root: str, figdir: str, rel: str) -> str:
-  pngs = sorted(glob.glob(os.path.join(root, "lab", "*", "agreement.png"))) or \
-      sorted(glob.glob(os.path.join(root, "lab", "*", "*.png")))
+  """The credit-accuracy lab's agreement plot(s) and a table per lab run under ROOT/lab/."""
+  pngs = sorted(glob.glob(os.path.join(root, "lab", "*", "lab", "agreement.png"))
+                + glob.glob(os.path.join(root, "lab", "*", "agreement.png")))
   if not pngs:
-    return ("lab plot: pending (run `python -m mtrl_jax.lab.credit_accuracy --config=configs/lab.py "
-            f"--workdir={root}/lab/memory`)")
+    return ("lab plot: pending (`python experiments/study.py --root ROOT --lab` runs "
+            "`python -m mtrl_jax.lab.credit_accuracy` on E1's long-horizon warm start)")
   out = []
   for p in pngs:
-    name = f"lab_{os.path.basename(os.path.dirname(p))}_{os.path.basename(p)}"
+    run = os.path.relpath(p, os.path.join(root, "lab")).split(os.sep)[0]
+    name = f"lab_{run}.png"
     shutil.copyfile(p, os.path.join(figdir, name))
-    out.append(f"![lab {os.path.basename(os.path.dirname(p))}]({rel}/{name})")
+    out.append(f"![lab {run}]({rel}/{name})")
+    res = _json(os.path.join(os.path.dirname(p), "result.json"))
+    if res and res.get("estimators"):
+      far = max(len(r.get("agreement_by_distance") or []) for r in res["estimators"].values()) - 1
+      rows = []
+      for est, r in res["estimators"].items():
+        agr = r.get("agreement_by_distance") or []
+        rows.append([est, _num(agr[0] if agr else None), _num(agr[far] if len(agr) > far else None),
+                     _num(r.get("rank_corr")), _num(r.get("bias")), _num(r.get("variance"))])
+      out.append(f"`{run}`: {res.get('sessions')} sessions, {res.get('continuations')} continuations per "
+                 f"turn (env `{res.get('env')}`). Sign agreement with the Monte-Carlo ground-truth advantage "
+                 f"A* where |A*| > 2 standard errors, at distance 0 (the reward's turn) and {far} turns before it "
+                 f"(significant items there: {_sig(res, 0)} and {_sig(res, far)}; sampled success of the "
+                 f"policy {_num(res.get('success'))}):")
+      out.append(_table(["estimator", "agreement d=0", f"agreement d={far}", "rank corr", "bias", "variance"], rows))
   return "\n\n".join(out)
+
+
+def _sig(res: dict, d: int):
+  counts = res.get("significant_by_distance") or []
+  return counts[d] if d < len(counts) else "?"
+
+
+def _num(x) -> str:
+  return "—" if x is None else f"{x:.2f}"
 
 
 def header(root: str, n_runs: int, n_missing: int, date: str) -> str:

@@ -1,6 +1,6 @@
 """The credit-assignment study: its five experiments as data, and the command that runs them.
 
-  python experiments/study.py --root /tmp/study --parallel 2        # everything, resumable
+  python experiments/study.py --root /tmp/study --parallel 2 --probes --lab  # everything, resumable
   python experiments/study.py --root /tmp/study --only E2 --dry_run  # the commands of one experiment
   python experiments/report.py --root /tmp/study                     # -> docs/STUDY.md + docs/study/*.png
 
@@ -204,6 +204,15 @@ def run_command(python: str, root: str, name: str, cell: Cell, extra: list[str])
   return command(python, f"{CONFIG}:{name}", workdir, [f"--config.init_from={warm}", *extra]), workdir
 
 
+def lab_job(python: str, root: str, horizon: int = max(E1_HORIZONS)) -> tuple[str, list[str], str]:
+  """The credit-accuracy lab on the warm start E1's long-horizon cells train from."""
+  workdir = os.path.join(root, "lab", f"bifurcation{horizon}")
+  warm = os.path.join(root, "warm", warm_name("bifurcation", horizon))
+  cmd = [python, "-m", "mtrl_jax.lab.credit_accuracy", f"--config=configs/lab.py:env=bifurcation,length={horizon}",
+         f"--workdir={workdir}", f"--config.init_from={warm}"]
+  return "lab", cmd, workdir
+
+
 def _timed(name, cmd, workdir):
   name, rc, secs = run_one(name, cmd, workdir)
   if rc == 0:
@@ -235,6 +244,8 @@ def main(argv=None) -> int:
   p.add_argument("--only", default="", help="comma-separated experiment ids (default: all)")
   p.add_argument("--seeds", type=int, default=len(SEEDS), help="seeds 0..N-1 per cell (default 5)")
   p.add_argument("--probes", action="store_true", help="also build the warm start of every probe task")
+  p.add_argument("--lab", action="store_true",
+                 help="also run the credit-accuracy lab on E1's long-horizon warm start (ROOT/lab/)")
   p.add_argument("--warm_only", action="store_true", help="build the warm starts, run nothing else")
   p.add_argument("--parallel", type=int, default=1, help="runs at once (CPU; keep 1 on a TPU host)")
   p.add_argument("--dry_run", action="store_true")
@@ -274,6 +285,10 @@ def main(argv=None) -> int:
   if a.warm_only:
     return 0
   todo = [j for j in run_jobs if not is_done(j[2])]
+  if a.lab:
+    job = lab_job(a.python, root)
+    if not os.path.exists(os.path.join(job[2], "lab", "result.json")):  # the lab's last output
+      todo.append(job)
   print(f"study: {len(todo)} of {len(run_jobs)} runs to go, root={root}", flush=True)
   failed = _pool(todo, a.parallel, "run")
   if failed:

@@ -116,11 +116,13 @@ def test_grid_table_probes_lab_and_json_line(tmp_path, only, capsys):
   assert lines[0] == str(out)
   res = json.loads(lines[-1])
   text = out.read_text()
-  assert res["runs"] == 16 and res["missing"] == 22 * 4 - 16
+  assert res["runs"] == 16 and res["missing"] == len(e1.cells) * 4 - 16
   assert "| arm | h2 n | h2 final success | h2 AUC | h8 n | h8 final success | h8 AUC |" in text
   row = next(x for x in text.splitlines() if x.startswith("| gae_lambda1 |"))
   assert row.count("| 4 |") == 2
   assert res["experiments"]["E1"]["cells"]["rloo h8"] == {"n": 0, "final": None, "final_ci": None, "auc": None}
+  # an arm the short horizon does not run: its h2 columns say so instead of a crash or a zero
+  assert "| rloo | — | not in the study | — | 0 |" in text
   assert res["experiments"]["E1"]["cells"]["gae_lambda1 h8"]["final"] == pytest.approx(0.915)
   # only one of the four claims has data: gae_lambda1 beats gae_lambda0.95, the rest are n/a
   assert res["experiments"]["E1"]["verdict"] == "inconclusive"
@@ -144,12 +146,19 @@ def test_same_root_same_markdown(tmp_path, only):
 def test_lab_png_is_copied_and_linked(tmp_path, only):
   """Catches a lab plot that is linked but not copied into the figure folder (or linked elsewhere)."""
   only(E3)
-  lab = tmp_path / "root" / "lab" / "memory"
+  lab = tmp_path / "root" / "lab" / "memory" / "lab"  # the lab writes <its workdir>/lab/
   lab.mkdir(parents=True)
   (lab / "agreement.png").write_bytes(b"\x89PNG fake")
+  (lab / "result.json").write_text(json.dumps({
+      "env": "memory", "sessions": 32, "continuations": 16, "success": 0.5, "significant_by_distance": [30, 0, 9],
+      "estimators": {"gae_lambda0.95": {"agreement_by_distance": [0.9, None, 0.1], "rank_corr": 0.3,
+                                        "bias": -0.2, "variance": 0.01}}}))
   _, text = run_report(tmp_path)
-  assert "](study/lab_memory_agreement.png)" in text
-  assert (tmp_path / "docs" / "study" / "lab_memory_agreement.png").read_bytes() == b"\x89PNG fake"
+  assert "](study/lab_memory.png)" in text
+  assert (tmp_path / "docs" / "study" / "lab_memory.png").read_bytes() == b"\x89PNG fake"
+  # The lab's table: agreement at the reward's turn and at the farthest distance (not the nearest).
+  assert "| gae_lambda0.95 | 0.90 | 0.10 | 0.30 | -0.20 | 0.01 |" in text
+  assert "significant items there: 30 and 9" in text
 
 
 def test_staleness_column_for_the_async_cells(tmp_path, only):
