@@ -90,16 +90,32 @@ def _check(lambda_policy, lambda_critic, alpha, gamma):
 def _row_links(batch: CreditBatch, ep_b, k):
   """For each row, the row holding its episode's next turn (-1: none)."""
   b, t = batch.reward_bt.shape
-  m = (batch.loss_mask_bt > 0) & (batch.turn_idx_bt >= 0) & (batch.turn_idx_bt < k)
+  # Equivalent mutant `<= k`: a row whose only counted turn is k gets key
+  # (ep + 1) * k, the turn-0 slot of the next episode, which no linked row
+  # reads (they read turns >= 1), and k_last = k leaves it unlinked as before.
+  in_k = (batch.turn_idx_bt >= 0) & (batch.turn_idx_bt < k)  # pragma: no mutate
+  m = (batch.loss_mask_bt > 0) & in_k
   has = jnp.any(m, axis=1)
   k_first = jnp.min(jnp.where(m, batch.turn_idx_bt, k), axis=1)
-  k_last = jnp.max(jnp.where(m, batch.turn_idx_bt, -1), axis=1)
+  # Equivalent mutant of the fill (-2): only rows without a counted turn see
+  # it, and `linked` leaves those at -1.
+  k_last = jnp.max(jnp.where(m, batch.turn_idx_bt, -1), axis=1)  # pragma: no mutate
   key = jnp.where(has, ep_b * k + k_first, b * k)
-  rows = jnp.arange(b, dtype=jnp.int32)
-  row_at = jax.ops.segment_max(jnp.where(has, rows, -1), key, num_segments=b * k + 1)
+  # Equivalent mutants: arange's default int is int32 too.
+  rows = jnp.arange(b, dtype=jnp.int32)  # pragma: no mutate
+  # Equivalent mutants: the fill (+1, -2) lands only in slot b * k and extra
+  # segments (b * k + 2) stay empty; linked rows read neither (they read
+  # ep * k + turn, turn < k). b * k - 1 is caught by
+  # test_row_links_last_episode_slot, the other mutants fail to run.
+  row_at = jax.ops.segment_max(jnp.where(has, rows, -1), key,  # pragma: no mutate
+                               num_segments=b * k + 1)  # pragma: no mutate
   nxt = k_last + 1
-  succ = row_at[jnp.where(has & (nxt < k), ep_b * k + jnp.minimum(nxt, k - 1), b * k)]
-  return jnp.where(has & (nxt < k), jnp.maximum(succ, -1), -1)
+  linked = has & (nxt < k)
+  # ep_b * k + nxt lies in [0, b * k] for every row (k_last < k), so it needs
+  # no guard: the rows it is wrong for are not linked. An empty slot (no row
+  # holds that turn) holds the int32 minimum.
+  succ = row_at[ep_b * k + nxt]
+  return jnp.where(linked, jnp.maximum(succ, -1), -1)
 
 
 def _token_gae(batch: CreditBatch, v_bt, lam_b, gamma, succ_b, hops: int):

@@ -14,7 +14,7 @@ import jax
 
 from credit_fixtures import random_sessions, run, run_traced, seeds, split_per_turn, to_batch
 from mtrl_jax.credit import adaptive_lambda, compute_advantages, make_credit_batch
-from mtrl_jax.credit.gae import bilevel_gae, gae, turn_gae
+from mtrl_jax.credit.gae import _row_links, bilevel_gae, gae, turn_gae
 
 # One session, 5 tokens: [a, a | obs | a] plus a leading observation token.
 #   position  0    1    2    3    4
@@ -325,3 +325,84 @@ def test_turn_estimators_reject_unknown_value_at():
   for fn in (turn_gae, bilevel_gae):
     with pytest.raises(ValueError, match="value_at must be one of .*'middle'"):
       fn(_session(), value_at="middle")
+
+
+# _row_links: for each row of the per-turn layout, the row holding the next
+# turn of its episode (-1: none). Its -1s for rows without a counted turn
+# do not reach gae's outputs (those rows' advantages are masked), so the
+# contract is checked on the helper itself.
+
+# One compilation per (shape, K): the property test pads to a fixed shape.
+_row_links_jit = jax.jit(_row_links, static_argnums=2)
+
+
+def _links(mask, turn, episode_id, k):
+  mask, turn = np.asarray(mask, np.float32), np.asarray(turn, np.int32)
+  batch = make_credit_batch(np.zeros(mask.shape, np.float32), mask, turn,
+                            episode_id_b=np.asarray(episode_id))
+  ep_b = np.unique(np.asarray(episode_id), return_inverse=True)[1].astype(np.int32)
+  return np.asarray(_row_links_jit(batch, jnp.asarray(ep_b), k))
+
+
+def test_row_links_hand_example():
+  """max_turns 3, two tokens per row. Episode 3 (rank 0): turns 0, 1, 2 in
+  rows 2, 3, 1 (row 1 also holds turn 3 >= K, ignored) and turn 4 alone in
+  row 6 (ignored). Episode 7 (rank 1): turns 0, 1 in rows 4, 0 and a row 5
+  without trainable token. Episode 9: one row, turn 0.
+  Checked to fail on: `has` taken over the whole batch or `has | ...` in
+  `linked` (row 5 -> row 4); `nxt <= k` in `linked` (row 1, last turn K-1,
+  -> row 4, the next episode's turn 0); -2 or +1 for an empty slot or an
+  unlinked row (rows 0, 7 / 1, 5, 6); the successor slot moved (ep * k - nxt,
+  min(nxt, k - 2)); turn 0 not counted (`> 0`, `>= 1`); turns outside
+  [0, K) counted (`|`); the k_last fill +1."""
+  mask = [[0, 1], [1, 1], [0, 1], [0, 1], [1, 0], [0, 0], [1, 1], [1, 1]]
+  turn = [[0, 1], [2, 3], [0, 0], [0, 1], [0, 0], [0, 0], [4, 4], [0, 0]]
+  ep = [7, 3, 3, 3, 7, 7, 3, 9]
+  np.testing.assert_array_equal(_links(mask, turn, ep, 3), [-1, -1, 3, 1, 0, -1, -1, -1])
+
+
+def test_row_links_last_episode_slot():
+  """Two one-row episodes, max_turns 2: row 1 (last episode rank) holds turn
+  0, so its next turn's slot is b * k - 1, the last real one, and empty.
+  Catches row_at sized b * k - 1 (the read is clamped to row 1's own slot,
+  and row 1 becomes its own successor)."""
+  np.testing.assert_array_equal(_links([[1], [1]], [[0], [0]], [0, 1], 2), [-1, -1])
+
+
+@st.composite
+def _per_turn_layouts(draw):
+  """Episodes split over rows, one turn per row, rows shuffled; some
+  episodes end with turns without a trainable token (a row with mask 0),
+  and other episodes' turns may reach past max_turns. Padded with one-row
+  episodes without trainable token to a fixed [15, 3] (one compilation)."""
+  t = 3
+  n_ep = draw(st.integers(1, 3))
+  rows = []  # (episode id, turn, trainable)
+  for e in range(n_ep):
+    n_turns = draw(st.integers(1, 4))
+    n_empty = draw(st.integers(0, 1))
+    rows += [(10 * e + 5, j, j < n_turns) for j in range(n_turns + n_empty)]
+  order = draw(st.permutations(range(len(rows))))
+  rows = [rows[i] for i in order]
+  rows += [(100 + i, 0, False) for i in range(15 - len(rows))]
+  k = draw(st.integers(1, 4))
+  tok = [draw(st.lists(st.booleans(), min_size=t, max_size=t)) for _ in rows]
+  mask = [[float(tr and (x or i == 0)) for i, x in enumerate(tk)]
+          for (_, _, tr), tk in zip(rows, tok)]
+  turn = [[j] * t for _, j, _ in rows]
+  return mask, turn, [e for e, _, _ in rows], k, rows
+
+
+@settings(max_examples=30, deadline=None)
+@given(layout=_per_turn_layouts())
+def test_row_links_match_next_turn_of_the_episode(layout):
+  """Row of turn j < K-1 with a trainable token -> the row of turn j + 1 of
+  the same episode if that turn is trainable, else -1; rows of turns >= K-1
+  and rows without a trainable token -> -1. Checked to fail, on random
+  orders and K, on the breaks of the hand example except two: turns outside
+  [0, K) counted (a rare key collision) and row_at one slot short (the last
+  episode rank is always a padding row here); the hand tests catch those."""
+  mask, turn, ep, k, rows = layout
+  where = {(e, j): i for i, (e, j, tr) in enumerate(rows) if tr and j < k}
+  want = [where.get((e, j + 1), -1) if (e, j) in where else -1 for e, j, _ in rows]
+  np.testing.assert_array_equal(_links(mask, turn, ep, k), want)
