@@ -53,8 +53,10 @@ def masked_reverse_gae(r_bt, v_bt, m_bt, gamma, lam_b, cut_bt=None) -> jax.Array
   m = m_bt > 0
   cut = jnp.zeros_like(m) if cut_bt is None else cut_bt
   lam_b = jnp.broadcast_to(jnp.asarray(lam_b, jnp.float32), m.shape[:1])
-  r = jnp.where(m, r_bt, 0.0)
-  v = jnp.where(m, v_bt, 0.0)
+  # The scan below never reads a masked position's r or v (it carries the next
+  # unmasked one past it), so these fill values are equivalent mutants.
+  r = jnp.where(m, r_bt, 0.0)  # pragma: no mutate
+  v = jnp.where(m, v_bt, 0.0)  # pragma: no mutate
 
   def step(carry, x):
     next_v, next_a = carry
@@ -108,7 +110,8 @@ def _row_links(batch: CreditBatch, ep_b, k):
   # ep * k + turn, turn < k). b * k - 1 is caught by
   # test_row_links_last_episode_slot, the other mutants fail to run.
   row_at = jax.ops.segment_max(jnp.where(has, rows, -1), key,  # pragma: no mutate
-                               num_segments=b * k + 1)  # pragma: no mutate
+                               num_segments=b * k + 1,  # pragma: no mutate
+                               )
   nxt = k_last + 1
   linked = has & (nxt < k)
   # ep_b * k + nxt lies in [0, b * k] for every row (k_last < k), so it needs
@@ -141,7 +144,9 @@ def _token_gae(batch: CreditBatch, v_bt, lam_b, gamma, succ_b, hops: int):
     a_first_s = a0_first[s] + decay_b[s] ** jnp.maximum(n_b[s] - 1, 0) * c_b[s]
     return jnp.where(has_succ, gamma * v_first[s] + decay_b * a_first_s, 0.0)
 
-  c_b = jax.lax.fori_loop(0, hops, sweep, jnp.zeros_like(a0_first))
+  # A chain of n rows is exact after n - 1 sweeps (its last row has no successor); hops = min(b, k)
+  # >= n leaves one spare sweep, so starting the loop at 1 changes nothing (an equivalent mutant).
+  c_b = jax.lax.fori_loop(0, hops, sweep, jnp.zeros_like(a0_first))  # pragma: no mutate
   after = reverse_cumcount(m)
   adv = a0 + decay_b[:, None] ** after * c_b[:, None]
   return jnp.where(m, adv, 0.0)

@@ -406,3 +406,52 @@ def test_row_links_match_next_turn_of_the_episode(layout):
   where = {(e, j): i for i, (e, j, tr) in enumerate(rows) if tr and j < k}
   want = [where.get((e, j + 1), -1) if (e, j) in where else -1 for e, j, _ in rows]
   np.testing.assert_array_equal(_links(mask, turn, ep, k), want)
+
+
+def test_gae_max_turns_bounds_the_row_chain():
+  """Per-turn layout (the hand session as two rows), gamma .9, lambda .5.
+  max_turns=2 (the true count) changes nothing: turn 0's last token bootstraps
+  from turn 1's row, A(pos 2) = 1 + .9 * 1.5 - 1 + .45 * (2 - 1.5) = 1.575,
+  A(pos 1) = (0 + .9 * 1 - .5) + .45 * 1.575 = 1.10875. max_turns=1: turn 1 lies
+  outside the chain, so turn 0 ends at pos 2: A = 1 - 1 = 0, A(pos 1) = .4.
+  Catches max_turns ignored by gae (k = the row length: turn 1 stays linked) and
+  max_turns not converted (gae never called with it before: mutants 17, 19)."""
+  want_full = [[0, 0, 0, 0, 0.5], [0, 1.10875, 1.575, 0, 0]]
+  for mt in (None, 2):
+    adv, _ = gae(_per_turn(), gamma=0.9, lambda_policy=0.5, max_turns=mt)
+    np.testing.assert_allclose(adv, want_full, rtol=1e-5)
+  adv, _ = gae(_per_turn(), gamma=0.9, lambda_policy=0.5, max_turns=1)
+  np.testing.assert_allclose(adv, [[0, 0, 0, 0, 0.5], [0, 0.4, 0, 0, 0]], rtol=1e-5, atol=1e-7)
+
+
+@pytest.mark.parametrize("name", ["gae", "turn_gae"])
+def test_length_adaptive_lambda_is_per_episode_in_a_batch(name):
+  """Two sessions of different lengths in one batch: each gets the adaptive
+  lambda of its own length, so the batch equals each session run alone.
+  Catches the token (or turn) count taken over the whole batch (one lambda for
+  all, from the total length) instead of per row."""
+  d = random_sessions(3, b=2, t=12)
+  d["loss_mask_bt"][0, 6:] = 0  # make the two lengths differ
+  assert d["loss_mask_bt"][0].sum() != d["loss_mask_bt"][1].sum()
+  both, _ = run(name, to_batch(d), length_adaptive=True, alpha=1.0, gamma=0.9)
+  for i in range(2):
+    one = {k: (v[i:i + 1] if isinstance(v, np.ndarray) and v.ndim and v.shape[0] == 2 else v)
+           for k, v in d.items()}
+    alone, _ = run(name, to_batch(one), length_adaptive=True, alpha=1.0, gamma=0.9)
+    np.testing.assert_allclose(np.asarray(both)[i], np.asarray(alone)[0], rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("name,kw", [("gae", {}), ("gae", {"length_adaptive": True}), ("turn_gae", {}),
+                                     ("bilevel_gae", {"length_adaptive": True})])
+def test_critic_estimators_stay_float32_with_x64_on(name, kw):
+  """Advantages and targets are float32 even when jax_enable_x64 is on (the learner's
+  buffers are float32). Catches a dropped explicit dtype (jnp.zeros / full / asarray /
+  astype with the default dtype, which is float64 under x64): without x64 such a
+  change is invisible, which is why mutation testing found them."""
+  batch = to_batch(random_sessions(1, b=3, t=12))
+  jax.config.update("jax_enable_x64", True)
+  try:
+    adv, tgt = compute_advantages(name, batch, **kw)
+    assert adv.dtype == jnp.float32 and tgt.dtype == jnp.float32, (adv.dtype, tgt.dtype)
+  finally:
+    jax.config.update("jax_enable_x64", False)
