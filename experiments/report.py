@@ -260,6 +260,12 @@ def lab_plot(root: str, figdir: str, rel: str) -> str:
                  f"(significant items there: {_sig(res, 0)} and {_sig(res, far)}; sampled success of the "
                  f"policy {_num(res.get('success'))}):")
       out.append(_table(["estimator", "agreement d=0", f"agreement d={far}", "rank corr", "bias", "variance"], rows))
+      if res.get("env") == "bifurcation":
+        out.append("Caveat: `bifurcation` draws its payoff and its noise at reset, so every continuation "
+                   "from a history shares them: A* is the advantage given the episode's hidden draw, "
+                   "exactly 0 up to float rounding on the distractor turns (their standard error is 0, "
+                   "so the significance test admits them). Read the column of the turn-0 choice (the "
+                   "farthest distance); the middle distances are rounding noise.")
   return "\n\n".join(out)
 
 
