@@ -167,7 +167,9 @@ def gae(batch: CreditBatch, *, gamma: float = 1.0, lambda_policy: float = 0.95,
   k = t if max_turns is None else int(max_turns)
   v = values_or_zeros(batch)
   table = episode_table(batch.episode_id_b, batch.loss_mask_bt)
-  tokens_b = jnp.sum(batch.loss_mask_bt > 0, axis=1).astype(jnp.float32)
+  tokens_b = jnp.sum(batch.loss_mask_bt > 0, axis=1)
+  # adaptive_lambda casts the count to float32 itself: this dtype is an equivalent mutant.
+  tokens_b = tokens_b.astype(jnp.float32)  # pragma: no mutate
   tokens_e = jax.ops.segment_sum(tokens_b, table.ep_b, num_segments=b)
   succ = _row_links(batch, table.ep_b, k)
   hops = min(b, k)
