@@ -52,7 +52,10 @@ def masked_reverse_gae(r_bt, v_bt, m_bt, gamma, lam_b, cut_bt=None) -> jax.Array
   """
   m = m_bt > 0
   cut = jnp.zeros_like(m) if cut_bt is None else cut_bt
-  lam_b = jnp.broadcast_to(jnp.asarray(lam_b, jnp.float32), m.shape[:1])
+  # Every caller passes lambda as a float32 array (or a Python float without x64): the
+  # dtype here is an equivalent mutant; the broadcast below is not.
+  lam_b = jnp.asarray(lam_b, jnp.float32)  # pragma: no mutate
+  lam_b = jnp.broadcast_to(lam_b, m.shape[:1])
   # The scan below never reads a masked position's r or v (it carries the next
   # unmasked one past it), so these fill values are equivalent mutants.
   r = jnp.where(m, r_bt, 0.0)  # pragma: no mutate
