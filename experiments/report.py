@@ -27,23 +27,12 @@ import matplotlib.pyplot as plt  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import stats  # noqa: E402
+from mtrl_jax.metrics import read_metrics  # noqa: E402
 from plot import rl_curves  # noqa: E402
 from study import CONFIG, EXPERIMENTS, PROBES, SEEDS, warm_name  # noqa: E402
 
 AUC_DEF = ("AUC = area under rollout success vs `tokens_seen` (trapezoid over the RL steps) divided by "
            "the token span: the token-weighted mean training success, higher = learns sooner per token.")
-
-
-def read_lines(workdir: str) -> list[dict]:
-  """metrics.jsonl's records; a half-written line (a killed run) is skipped."""
-  out = []
-  with open(os.path.join(workdir, "metrics.jsonl")) as f:
-    for line in f:
-      try:
-        out.append(json.loads(line))
-      except json.JSONDecodeError:
-        continue
-  return out
 
 
 def _json(path: str) -> dict | None:
@@ -58,7 +47,7 @@ def load_run(workdir: str) -> dict | None:
   """One finished run's numbers; None if it has no final `eval` line (unfinished or absent)."""
   if not os.path.isfile(os.path.join(workdir, "metrics.jsonl")):
     return None
-  recs = read_lines(workdir)
+  recs = read_metrics(workdir)
   finals = [r for r in recs if r.get("stage") == "eval" and r.get("eval/success") is not None]
   if not finals:
     return None
@@ -224,7 +213,7 @@ def probe_table(root: str) -> str:
   for name in names:
     kv = dict(p.split("=", 1) for p in name.split(",") if "=" in p)
     wd = os.path.join(root, "warm", name)
-    sft = ([r for r in read_lines(wd) if r.get("stage") == "sft" and r.get("eval/success") is not None]
+    sft = ([r for r in read_metrics(wd) if r.get("stage") == "sft" and r.get("eval/success") is not None]
            if os.path.isfile(os.path.join(wd, "metrics.jsonl")) else [])
     fmt = lambda k: "—" if sft[-1].get(k) is None else f"{sft[-1][k]:.3f}"  # noqa: E731
     status = ("built", fmt("eval/success"), fmt("eval/greedy_success")) if sft else \

@@ -29,6 +29,8 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from sweep import REPO, command, is_done, run_one  # noqa: E402
 
+from mtrl_jax.metrics import read_metrics  # noqa: E402
+
 CONFIG = "configs/study.py"
 SEEDS = (0, 1, 2, 3, 4)
 # configs/study.py's defaults for the keys a cell may set; a cell's name lists
@@ -300,18 +302,7 @@ def main(argv=None) -> int:
 
 def _warm_done(workdir: str) -> bool:
   """A warm start is done when its sft stage wrote its evaluation."""
-  path = os.path.join(workdir, "metrics.jsonl")
-  if not os.path.exists(path):
-    return False
-  with open(path) as f:
-    for line in f:
-      try:
-        r = json.loads(line)
-      except json.JSONDecodeError:
-        continue
-      if r.get("stage") == "sft" and "eval/success" in r:
-        return True
-  return False
+  return any(r.get("stage") == "sft" and "eval/success" in r for r in read_metrics(workdir))
 
 
 if __name__ == "__main__":
