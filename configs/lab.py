@@ -7,7 +7,7 @@ Default: `memory` with 8 distractor turns (10 turns), a warm start of 600 steps 
 behaviour cloning on quality-0.5 demos (the policy peeks about half the time and then
 copies the code: sampled success about 0.5), a separate critic fitted by 16 rounds of
 value pretraining, N = tasks x group_size sessions, K continuations per turn.
-Args: length, tasks, group, k, env (any registered env, with its default kwargs;
+Args: length, tasks, group, k, hint (memory's hint; the study's probe has none), env (any registered env, with its default kwargs;
 `length` applies to memory and bifurcation), runlocal (a smoke-test size).
 """
 from configs.common import default_config, shrink
@@ -16,8 +16,10 @@ import ml_collections
 
 
 def get_config(arg=None):
-  a = parse_args(arg, {"length": 8, "tasks": 8, "group": 4, "k": 16, "env": "memory", "runlocal": False})
+  a = parse_args(arg, {"length": 8, "tasks": 8, "group": 4, "k": 16, "env": "memory", "hint": True,
+                       "runlocal": False})
   c = default_config(a["length"])
+  c.env.kwargs.hint = a["hint"]  # hint=false: the study's memory probe (recall over the distractors)
   if a["env"] != "memory":
     c.env.name = a["env"]
     # `length` is bifurcation's too (distractor turns between the choice and the payoff).

@@ -118,6 +118,21 @@ def _e1() -> Experiment:
       cells, comps, note="bifurcation task (see the probe table), horizons 2 and 8")
 
 
+def _e1_memory() -> Experiment:
+  # E1's arms on the second probe the issue names: recall of the turn-0 code after h distractor
+  # turns (no hint). One horizon only, to keep the study within its CPU budget (docs/STUDY.md, cost).
+  h = max(E1_HORIZONS)
+  cells = tuple(Cell(f"{arm} h{h}", {"probe": "memory", "horizon": h, "arm": arm}) for arm in E1_ARMS)
+  comps = tuple((f"{arm} h{h}", f"gae_lambda0.95 h{h}")
+                for arm in ("gae_lambda1", "gae_decoupled", "gae_length_adaptive", "ms_grpo"))
+  e1 = _e1()
+  return Experiment(
+      "E1m", "Estimators on memory",
+      "Which credit estimators still credit the turn-0 peek when the code must be recalled h turns later?",
+      e1.claim, e1.source, cells, comps,
+      note=f"memory task without the hint (see the probe table), horizon {h}: the same arms and claim as E1")
+
+
 def _e2() -> Experiment:
   cells = tuple(Cell(f"{'decoupled' if d else 'naive'} eta={eta}",
                      {"eta": eta, "decoupled": d} if eta else {})
@@ -173,7 +188,7 @@ def _e5() -> Experiment:
       note="bifurcation h8; `session` = the same return on every turn in one sample per session")
 
 
-EXPERIMENTS = (_e1(), _e2(), _e3(), _e4(), _e5())
+EXPERIMENTS = (_e1(), _e1_memory(), _e2(), _e3(), _e4(), _e5())
 
 
 def experiment(eid: str) -> Experiment:
@@ -206,13 +221,19 @@ def run_command(python: str, root: str, name: str, cell: Cell, extra: list[str])
   return command(python, f"{CONFIG}:{name}", workdir, [f"--config.init_from={warm}", *extra]), workdir
 
 
-def lab_job(python: str, root: str, horizon: int = max(E1_HORIZONS)) -> tuple[str, list[str], str]:
-  """The credit-accuracy lab on the warm start E1's long-horizon cells train from."""
-  workdir = os.path.join(root, "lab", f"bifurcation{horizon}")
-  warm = os.path.join(root, "warm", warm_name("bifurcation", horizon))
-  cmd = [python, "-m", "mtrl_jax.lab.credit_accuracy", f"--config=configs/lab.py:env=bifurcation,length={horizon}",
+# The credit-accuracy lab runs on the warm starts E1 trains from at its long horizon.
+LAB_PROBES = ("bifurcation", "memory")
+
+
+def lab_job(python: str, root: str, probe: str = "bifurcation",
+            horizon: int = max(E1_HORIZONS)) -> tuple[str, list[str], str]:
+  """The credit-accuracy lab on the warm start of one of E1's long-horizon probes."""
+  workdir = os.path.join(root, "lab", f"{probe}{horizon}")
+  warm = os.path.join(root, "warm", warm_name(probe, horizon))
+  hint = ",hint=false" if probe == "memory" else ""  # the lab's env must be the probe the warm start learned
+  cmd = [python, "-m", "mtrl_jax.lab.credit_accuracy", f"--config=configs/lab.py:env={probe},length={horizon}{hint}",
          f"--workdir={workdir}", f"--config.init_from={warm}"]
-  return "lab", cmd, workdir
+  return f"lab {probe}{horizon}", cmd, workdir
 
 
 def _timed(name, cmd, workdir):
@@ -288,9 +309,10 @@ def main(argv=None) -> int:
     return 0
   todo = [j for j in run_jobs if not is_done(j[2])]
   if a.lab:
-    job = lab_job(a.python, root)
-    if not os.path.exists(os.path.join(job[2], "lab", "result.json")):  # the lab's last output
-      todo.append(job)
+    for probe in LAB_PROBES:
+      job = lab_job(a.python, root, probe)
+      if not os.path.exists(os.path.join(job[2], "lab", "result.json")):  # the lab's last output
+        todo.insert(0, job)  # first: the longest jobs, so the pool does not end on one
   print(f"study: {len(todo)} of {len(run_jobs)} runs to go, root={root}", flush=True)
   failed = _pool(todo, a.parallel, "run")
   if failed:

@@ -12,9 +12,17 @@ import numpy as np
 from scipy import stats
 
 
+# |A*| below this is zero: where every continuation from a state returns the same
+# (an environment whose randomness was drawn at reset and is carried by the clone,
+# e.g. bifurcation's payoff), the standard error is 0 and A* = r + V' - V is 0 up to
+# float rounding (~1e-16), which must not count as a significant advantage.
+MIN_ABS = 1e-6
+
+
 def significant(a_star_i: np.ndarray, se_i: np.ndarray, z: float = 2.0) -> np.ndarray:
-  """Items whose ground truth is distinguishable from 0: |A*| > z standard errors."""
-  return np.abs(a_star_i) > z * se_i
+  """Items whose ground truth is distinguishable from 0: |A*| > z standard
+  errors and |A*| > MIN_ABS (a deterministic A* of rounding size is 0)."""
+  return np.abs(a_star_i) > np.maximum(z * se_i, MIN_ABS)
 
 
 def agreement_by_distance(adv_i, a_star_i, se_i, dist_i, max_dist: int) -> tuple[list, list]:

@@ -16,14 +16,20 @@ def test_every_cell_is_a_valid_config_and_shared_cells_run_once():
   synchronous cell that is not E1's grpo run."""
   plan = study.planned_runs()
   cells = {c.name: c for c in plan.values()}
-  assert len(plan) == len(cells) * len(study.SEEDS) == 130
+  assert len(plan) == len(cells) * len(study.SEEDS) == 185
   for name, cell in cells.items():
     c = study_config.get_config(name)
     full = {**study.DEFAULTS, **cell.args}
     assert c.env.kwargs["length"] == full["horizon"] and c.rl.decoupled == full["decoupled"]
+    assert c.env.name == study_config.PROBES[full["probe"]][0]
     assert c.value_pretrain.enabled == full["vp"] and c.asynchronous.enabled == (full["eta"] > 0)
   e1, e2 = study.experiment("E1"), study.experiment("E2")
   assert e2.cell("decoupled eta=0").name == e1.cell("grpo h8").name
+  # E1 on memory: every E1 arm at the long horizon, on the memory probe without the hint
+  e1m = study.experiment("E1m")
+  assert [c.args["arm"] for c in e1m.cells] == list(study.E1_ARMS)
+  assert all(study_config.get_config(c.name).env.kwargs["hint"] is False for c in e1m.cells)
+  assert not {c.name for c in e1m.cells} & {c.name for c in e1.cells}
   # E4's grid: the four corners are four different (lambda_policy, lambda_critic) settings
   lams = set()
   for cell in study.experiment("E4").cells:
@@ -40,3 +46,17 @@ def test_dry_run_passes_the_warm_start_to_every_run(capsys):
   assert all("--config.init_from=/tmp/nowhere/warm/probe=bifurcation,horizon=8" in x for x in runs)
   with pytest.raises(KeyError):
     study.main(["--root", "/tmp/nowhere", "--only", "E9", "--dry_run"])
+
+
+def test_lab_jobs_match_the_warm_starts_they_load():
+  """Catches the memory lab run on the hinted task while its warm start learned the unhinted one
+  (the lab's env must be the probe's), and a lab pointed at another probe's warm start."""
+  from configs import lab as lab_config
+  for probe in study.LAB_PROBES:
+    _, cmd, workdir = study.lab_job("python", "/r", probe)
+    cfg_arg = next(x for x in cmd if x.startswith("--config=")).split(":", 1)[1]
+    lab = lab_config.get_config(cfg_arg)
+    probe_cfg = study_config.get_config(f"probe={probe},horizon={max(study.E1_HORIZONS)},stage=warm")
+    assert lab.env.name == probe_cfg.env.name
+    assert dict(lab.env.kwargs) == dict(probe_cfg.env.kwargs)
+    assert f"--config.init_from=/r/warm/probe={probe},horizon={max(study.E1_HORIZONS)}" in cmd

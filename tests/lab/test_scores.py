@@ -20,6 +20,21 @@ def test_agreement_counts_only_significant_items_per_distance():
   assert frac == [0.5, 0.0, 1.0, None]
 
 
+def test_deterministic_rounding_size_advantage_is_not_significant():
+  """Catches counting an exactly-known A* of float-rounding size as significant:
+  with the randomness drawn at reset (bifurcation), every continuation returns the
+  same, se is 0 and A* = r + V' - V is ~1e-16 at the echo turns, yet a real
+  deterministic advantage (0.1, se 0) still counts."""
+  r = np.float64(0.1)
+  v_next, v = np.float64(0.7), np.float64(0.8)
+  a_star = np.array([r + v_next - v, 0.1, -0.25])  # the first is 0 up to rounding
+  assert a_star[0] != 0.0
+  se = np.zeros(3)
+  assert scores.significant(a_star, se).tolist() == [False, True, True]
+  _, count = scores.agreement_by_distance(np.ones(3), a_star, se, np.array([1, 1, 0]), 1)
+  assert count == [1, 1]
+
+
 @settings(max_examples=30, deadline=None)
 @given(st.lists(st.floats(-5, 5, allow_nan=False), min_size=3, max_size=20), st.floats(0.1, 10))
 def test_rank_corr_and_bias_are_scale_free(xs, scale):
