@@ -135,9 +135,10 @@ def count_sessions(b: Bench, arm: str) -> dict:
   return {"sessions": sessions, "tokens": tokens, "batches": done, "per_1k": 1000.0 * sessions / tokens}
 
 
-def train_arm(b: Bench, arm: str, estimator: str) -> dict:
+def train_arm(b: Bench, arm: str, estimator: str, rl_seed: int = 0) -> dict:
   L = b.reset(estimator)
-  source = SyncSource(b.engines[arm], seed=b.args.seed + 2, tasks_per_update=b.args.tasks)
+  # rl_seed 0 keeps the tasks and keys of the one-seed benchmark; others draw disjoint ones.
+  source = SyncSource(b.engines[arm], seed=b.args.seed + 2 + 1000 * rl_seed, tasks_per_update=b.args.tasks)
   tokens, sessions, step, success = 0.0, 0, 0, []
   t0 = time.perf_counter()
   while tokens < b.args.budget:
@@ -166,7 +167,10 @@ def main():
   p.add_argument("--count_budget", type=float, default=40_000)
   p.add_argument("--budget", type=float, default=150_000, help="training tokens per arm")
   p.add_argument("--eval_tasks", type=int, default=256)
-  p.add_argument("--seed", type=int, default=0)
+  p.add_argument("--seed", type=int, default=0, help="the warm start's seed")
+  p.add_argument("--rl_seeds", type=str, default="0",
+                 help="comma-separated: each arm trains once per seed from the same warm start (other tasks and "
+                      "sampling keys); eval success is reported per seed and as the mean")
   p.add_argument("--workdir", type=str, default="/tmp/mtrl_tree_bench")
   args = p.parse_args()
   logging.set_verbosity(logging.WARNING)
@@ -175,26 +179,40 @@ def main():
   count = {arm: count_sessions(b, arm) for arm in ("chains", "trees")}
   ratio = count["trees"]["per_1k"] / count["chains"]["per_1k"]
   warm = b.evaluate(copy_params(b.sft_params))
-  train = {"chains": train_arm(b, "chains", "ms_grpo"), "trees": train_arm(b, "trees", "tree")}
+  rl_seeds = [int(x) for x in args.rl_seeds.split(",")]
+  runs = {arm: [] for arm in ("chains", "trees")}
+  for r in rl_seeds:  # the two arms of a seed back to back: load drift hits both alike
+    for arm, est in (("chains", "ms_grpo"), ("trees", "tree")):
+      runs[arm].append(train_arm(b, arm, est, r))
+      t = runs[arm][-1]
+      print(f"[rl seed {r}] {arm}: {t['updates']} updates, {t['tokens']:.0f} tokens, {t['train_s']:.0f}s, "
+            f"eval success {t['eval_success']:.3f}", flush=True)
+  train = {arm: {k: float(np.mean([t[k] for t in ts])) for k in ts[0]} for arm, ts in runs.items()}
+  evals = {arm: [t["eval_success"] for t in ts] for arm, ts in runs.items()}
+  diff = np.array(evals["trees"]) - np.array(evals["chains"])  # paired by seed
+  diff_se = float(diff.std(ddof=1) / np.sqrt(len(diff))) if len(diff) > 1 else float("nan")
   total_s = time.perf_counter() - t_all
 
   print(f"\nmemory length {args.length}, T={args.tasks} tasks x G={args.group} sessions per batch; trees: "
         f"branch at turns {list(b.spec.branch_turns)}, width {b.spec.width} ({b.spec.roots(args.group)} trees "
-        f"of {b.spec.leaves} leaves per task)")
+        f"of {b.spec.leaves} leaves per task); RL seeds {rl_seeds} (training columns: mean over seeds)")
   print(f"{platform.machine()} {platform.processor() or ''} {os.cpu_count()} cores, load {os.getloadavg()}, "
         f"{datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC, total {total_s:.0f}s "
         f"(warm start {b.sft_s:.0f}s)")
   print("\n| arm | sessions in count budget | tokens | sessions / 1k tokens | train updates | train tokens "
-        "| train sessions | train s | train success (last 3) | eval success |")
-  print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+        "| train sessions | train s | train success (last 3) | eval success | eval success per seed |")
+  print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|")
   for arm in ("chains", "trees"):
     c, t = count[arm], train[arm]
-    print(f"| {arm} | {c['sessions']:.0f} | {c['tokens']:.0f} | {c['per_1k']:.2f} | {t['updates']} | "
-          f"{t['tokens']:.0f} | {t['sessions']} | {t['train_s']:.0f} | {t['train_success_last']:.3f} | "
-          f"{t['eval_success']:.3f} |")
-  print(f"warm start eval success: {warm:.3f}; sessions per token, trees / chains: {ratio:.2f}")
-  out = {"sessions_per_token_ratio": round(ratio, 3), "tree_eval_success": train["trees"]["eval_success"],
-         "chain_eval_success": train["chains"]["eval_success"], "tokens": args.budget,
+    print(f"| {arm} | {c['sessions']:.0f} | {c['tokens']:.0f} | {c['per_1k']:.2f} | {t['updates']:.1f} | "
+          f"{t['tokens']:.0f} | {t['sessions']:.0f} | {t['train_s']:.0f} | {t['train_success_last']:.3f} | "
+          f"{t['eval_success']:.3f} | {', '.join(f'{e:.3f}' for e in evals[arm])} |")
+  print(f"warm start eval success: {warm:.3f}; sessions per token, trees / chains: {ratio:.2f}; "
+        f"eval success trees - chains, paired by seed: {diff.mean():+.3f} (s.e. {diff_se:.3f})")
+  out = {"sessions_per_token_ratio": round(ratio, 3), "tree_eval_success": round(train["trees"]["eval_success"], 4),
+         "chain_eval_success": round(train["chains"]["eval_success"], 4), "tokens": args.budget,
+         "tree_eval_by_seed": evals["trees"], "chain_eval_by_seed": evals["chains"], "rl_seeds": rl_seeds,
+         "eval_diff": round(float(diff.mean()), 4), "eval_diff_se": None if np.isnan(diff_se) else round(diff_se, 4),
          "tree_tokens": train["trees"]["tokens"], "chain_tokens": train["chains"]["tokens"],
          "tree_updates": train["trees"]["updates"], "chain_updates": train["chains"]["updates"],
          "warm_eval_success": warm, "eval_tasks": args.eval_tasks,

@@ -250,11 +250,12 @@ def lab_plot(root: str, figdir: str, rel: str) -> str:
                  f"policy {_num(res.get('success'))}):")
       out.append(_table(["estimator", "agreement d=0", f"agreement d={far}", "rank corr", "bias", "variance"], rows))
       if res.get("env") == "bifurcation":
-        out.append("Caveat: `bifurcation` draws its payoff and its noise at reset, so every continuation "
-                   "from a history shares them: A* is the advantage given the episode's hidden draw, "
-                   "exactly 0 up to float rounding on the distractor turns (their standard error is 0, "
-                   "so the significance test admits them). Read the column of the turn-0 choice (the "
-                   "farthest distance); the middle distances are rounding noise.")
+        out.append("Note: `bifurcation` draws its payoff and its noise at reset, so every continuation "
+                   "from a history shares them: A* is the advantage given the episode's hidden draw. On "
+                   "the distractor turns no action changes the return, so A* there is known exactly "
+                   "(standard error 0) and is 0 up to float rounding; the significance test drops such "
+                   "items (|A*| must also exceed 1e-6), so the turn-0 choice (the farthest distance) "
+                   "carries the measurement.")
   return "\n\n".join(out)
 
 
@@ -298,7 +299,8 @@ def header(root: str, n_runs: int, n_missing: int, date: str) -> str:
 
 Five experiments re-test published claims about credit assignment in multi-turn RL of LM agents (which
 advantage estimators still credit an early decisive turn, decoupled PPO under staleness, value pretraining,
-decoupled lambdas, MS-GRPO's per-turn samples) on small probe tasks. Each cell is one `{CONFIG}` argument set,
+decoupled lambdas, MS-GRPO's per-turn samples) on small probe tasks; E1 runs on two probes (E1: bifurcation,
+E1m: memory without the hint). Each cell is one `{CONFIG}` argument set,
 run over seeds {', '.join(map(str, SEEDS))} from the probe's shared warm start, so cells differ only in what RL does.
 Final success = the last `eval` stage (64 tasks). {AUC_DEF} Intervals: 95% percentile bootstrap of the mean
 over seeds (fixed RNG; one seed = the value itself). A claim "A beats B" counts as reproduced when A's interval
