@@ -16,7 +16,7 @@ def test_every_cell_is_a_valid_config_and_shared_cells_run_once():
   synchronous cell that is not E1's grpo run."""
   plan = study.planned_runs()
   cells = {c.name: c for c in plan.values()}
-  assert len(plan) == len(cells) * len(study.SEEDS) == 185
+  assert len(plan) == len(cells) * len(study.SEEDS) == 205
   for name, cell in cells.items():
     c = study_config.get_config(name)
     full = {**study.DEFAULTS, **cell.args}
