@@ -155,6 +155,7 @@ class TextArena(Env):
     self._tokens: list[str] = []
     self._harvest(msgs)
     self._sokoban_plan = {}  # the Sokoban expert's plan (state -> move), per episode
+    self._sokoban_stuck = False  # a detour left no solution: the expert only marks time
     prompt = _COMPACT_PROMPTS.get(self.kind, full_prompt) if self.compact else full_prompt
     return Reset(prompt, self._observe(msgs, invalid=False, ended=None))
 
@@ -296,8 +297,15 @@ class TextArena(Env):
 
     state = (player, boxes)
     plan = self._sokoban_plan
+    if self._sokoban_stuck:
+      return "[up]"
     if state not in plan:  # plan once per episode (or after a detour), then look up
       path = _bfs_path(state, lambda s: s[1] <= targets, succ, limit=300_000)
+      if path is None and self.turn > 0:
+        # A detour (a low-quality demo's random move) can push a box into a corner: the
+        # episode is lost, and searching again every turn would cost 300k states each.
+        self._sokoban_stuck = True
+        return "[up]"
       if path is None:
         raise NotImplementedError(f"Sokoban expert: breadth-first search found no solution "
                                   f"within 300k states ({self.game}); it handles small "

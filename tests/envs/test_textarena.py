@@ -131,3 +131,24 @@ def test_missing_textarena_says_how_to_install(monkeypatch):
   monkeypatch.setitem(sys.modules, "textarena", None)  # `import textarena` now fails
   with pytest.raises(ImportError, match=r'pip install -e "\.\[textarena\]"'):
     envs.make("textarena", game="FrozenLake-v0")
+
+
+def test_sokoban_expert_gives_up_a_lost_episode_instead_of_raising(monkeypatch):
+  """A low-quality demo's detour can deadlock a box; the expert then has no plan. Catches the
+  expert raising there (every quality<1 demo build on Sokoban died: 2026-11-27, the study's
+  sokoban warm start) and it searching again on every later turn; an unsolvable *first* board
+  still raises (the expert's limit, not a lost episode)."""
+  from mtrl_jax.envs import textarena as ta_mod
+  env = envs.make("textarena", game="Sokoban-v0")
+  env.reset(0)
+  first = env.expert_action()  # solvable start: a real plan
+  env.step(first)
+  calls = []
+  monkeypatch.setattr(ta_mod, "_bfs_path", lambda *a, **k: calls.append(1))  # "no solution" from here on
+  env._sokoban_plan = {}  # as after a detour off the plan
+  assert env.expert_action() == "[up]"
+  env.step("[up]")
+  assert env.expert_action() == "[up]" and len(calls) == 1  # no second search
+  env.reset(0)
+  with pytest.raises(NotImplementedError, match="no solution"):
+    env.expert_action()
