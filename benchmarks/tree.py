@@ -1,7 +1,9 @@
 """Tree rollouts vs independent chains at an equal token budget.
 
-    python benchmarks/tree.py                     # ~10 min on a 2-core CPU (less once the warm start is cached)
+    python benchmarks/tree.py                     # ~10-15 min on a 2-core CPU (less once the warm start is cached)
     python benchmarks/tree.py --budget 60000      # a quick look
+    python benchmarks/tree.py --rl_seeds 0,1,2    # each arm trained from 3 seeds (eval per seed, paired difference)
+    python benchmarks/tree.py --tree_group 16     # trees spend their saving on 16 leaves per task, not on more updates
 
 The `memory` probe (length 3 with the hint, as in the main job: five turns).
 A tiny policy (2 layers, d=64) is warm-started once by behaviour cloning
@@ -17,9 +19,11 @@ A tiny policy (2 layers, d=64) is warm-started once by behaviour cloning
 2. Training at equal tokens. From the same warm start, each arm trains
    (T x G sessions per update, the same learner) until --budget tokens are
    spent: chains with MS-GRPO (the main job's estimator), trees with the
-   `tree` estimator (group- plus tree-normalised return). A tree update
-   costs fewer tokens, so it gets more updates. Both final policies are
-   evaluated on the same held-out tasks (sampled at temperature 1).
+   `tree` estimator (group- plus tree-normalised return). With
+   --tree_group 0 a tree update costs fewer tokens, so it gets more updates;
+   with --tree_group 2G it has twice the leaves per task instead (about the
+   same updates and tokens as chains). Both final policies are evaluated on
+   the same held-out tasks (sampled at temperature 1).
 
 Prints a table, then (last line) one JSON object with
 `sessions_per_token_ratio`, `tree_eval_success`, `chain_eval_success`, `tokens`.
@@ -95,6 +99,9 @@ class Bench:
     self.spec = TreeSpec(tuple(int(t) for t in args.branch_turns.split(",")), args.width)
     self.engines = {"chains": RolloutEngine(self.sampler, self.tok, factory, **common),
                     "trees": TreeRolloutEngine(self.sampler, self.tok, factory, tree=self.spec, **common)}
+    # Training: trees may play more leaves per task than chains play sessions (--tree_group).
+    self.engines["trees_train"] = TreeRolloutEngine(
+        self.sampler, self.tok, factory, tree=self.spec, **{**common, "group_size": args.tree_group or args.group})
     self.eval_sampler = Sampler(self.run.sampler_gd, copy_params(self.sft_params), pad_id=self.tok.pad_id,
                                 stop_ids=(self.tok.eos_id,), log_compiles=False)
     self.eval_engine = RolloutEngine(self.eval_sampler, self.tok, factory, group_size=1, turn_token_budget=8,
@@ -161,6 +168,10 @@ def main():
   p.add_argument("--group", type=int, default=8, help="sessions (leaves) per task")
   p.add_argument("--branch_turns", type=str, default="0,2")
   p.add_argument("--width", type=int, default=2)
+  p.add_argument("--tree_group", type=int, default=0,
+                 help="leaves per task when trees train (0: --group). 2 x --group spends the trees' token saving "
+                      "on larger groups (Tree-GRPO) instead of on more updates: both arms then make about as many "
+                      "updates of about as many tokens")
   p.add_argument("--length", type=int, default=3)
   p.add_argument("--lr", type=float, default=5e-4)
   p.add_argument("--sft_steps", type=int, default=300)
@@ -183,7 +194,7 @@ def main():
   runs = {arm: [] for arm in ("chains", "trees")}
   for r in rl_seeds:  # the two arms of a seed back to back: load drift hits both alike
     for arm, est in (("chains", "ms_grpo"), ("trees", "tree")):
-      runs[arm].append(train_arm(b, arm, est, r))
+      runs[arm].append(train_arm(b, "trees_train" if arm == "trees" else arm, est, r))
       t = runs[arm][-1]
       print(f"[rl seed {r}] {arm}: {t['updates']} updates, {t['tokens']:.0f} tokens, {t['train_s']:.0f}s, "
             f"eval success {t['eval_success']:.3f}", flush=True)
@@ -195,7 +206,8 @@ def main():
 
   print(f"\nmemory length {args.length}, T={args.tasks} tasks x G={args.group} sessions per batch; trees: "
         f"branch at turns {list(b.spec.branch_turns)}, width {b.spec.width} ({b.spec.roots(args.group)} trees "
-        f"of {b.spec.leaves} leaves per task); RL seeds {rl_seeds} (training columns: mean over seeds)")
+        f"of {b.spec.leaves} leaves per task; {args.tree_group or args.group} leaves per task in training); RL seeds "
+        f"{rl_seeds} (training columns: mean over seeds)")
   print(f"{platform.machine()} {platform.processor() or ''} {os.cpu_count()} cores, load {os.getloadavg()}, "
         f"{datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC, total {total_s:.0f}s "
         f"(warm start {b.sft_s:.0f}s)")
@@ -212,6 +224,7 @@ def main():
   out = {"sessions_per_token_ratio": round(ratio, 3), "tree_eval_success": round(train["trees"]["eval_success"], 4),
          "chain_eval_success": round(train["chains"]["eval_success"], 4), "tokens": args.budget,
          "tree_eval_by_seed": evals["trees"], "chain_eval_by_seed": evals["chains"], "rl_seeds": rl_seeds,
+         "tree_group": args.tree_group or args.group,
          "eval_diff": round(float(diff.mean()), 4), "eval_diff_se": None if np.isnan(diff_se) else round(diff_se, 4),
          "tree_tokens": train["trees"]["tokens"], "chain_tokens": train["chains"]["tokens"],
          "tree_updates": train["trees"]["updates"], "chain_updates": train["chains"]["updates"],
