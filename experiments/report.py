@@ -218,8 +218,10 @@ def probe_table(root: str) -> str:
     fmt = lambda k: "—" if sft[-1].get(k) is None else f"{sft[-1][k]:.3f}"  # noqa: E731
     status = ("built", fmt("eval/success"), fmt("eval/greedy_success")) if sft else \
         ("unfinished" if os.path.isdir(wd) else "not built", "—", "—")
-    rows.append([kv.get("probe", name), kv.get("horizon", "—"), *status])
-  return _table(["probe", "horizon", "warm start", "sampled success", "greedy success"], rows)
+    cfg = _json(os.path.join(wd, "config.json")) or {}
+    steps = (cfg.get("sft") or {}).get("steps", "—")
+    rows.append([kv.get("probe", name), kv.get("horizon", "—"), steps, *status])
+  return _table(["probe", "horizon", "BC steps", "warm start", "sampled success", "greedy success"], rows)
 
 
 def lab_plot(root: str, figdir: str, rel: str) -> str:
