@@ -110,6 +110,7 @@ def test_grid_table_probes_lab_and_json_line(tmp_path, only, capsys):
   warm.mkdir(parents=True)
   (warm / "metrics.jsonl").write_text(json.dumps({"step": 600, "stage": "sft", "eval/success": 0.55,
                                                   "eval/greedy_success": 0.75}) + "\n")
+  (warm / "config.json").write_text(json.dumps({"sft": {"steps": 600}}))  # the BC steps column
   out = tmp_path / "STUDY.md"
   report.main(["--root", str(root), "--out", str(out), "--figdir", str(tmp_path / "figs"), "--boot", "300"])
   lines = capsys.readouterr().out.strip().splitlines()
@@ -126,7 +127,7 @@ def test_grid_table_probes_lab_and_json_line(tmp_path, only, capsys):
   assert res["experiments"]["E1"]["cells"]["gae_lambda1 h8"]["final"] == pytest.approx(0.915)
   # only one of the four claims has data: gae_lambda1 beats gae_lambda0.95, the rest are n/a
   assert res["experiments"]["E1"]["verdict"] == "inconclusive"
-  assert "| bifurcation | 8 | built | 0.550 | 0.750 |" in text and "| memory | 4 | not built | — | — |" in text
+  assert "| bifurcation | 8 | 600 | built | 0.550 | 0.750 |" in text and "| memory | 4 | — | not built | — | — |" in text
   assert "lab plot: pending" in text
 
 
