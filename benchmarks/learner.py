@@ -8,6 +8,8 @@ device, one session of T tokens per row.
     python benchmarks/learner.py                 # CPU: compiled memory report, fsdp=8, compile times
     python benchmarks/learner.py --quick         # smaller: T in {2k, 8k}, 4 layers for the compile times
     python benchmarks/learner.py --run           # on a GPU/TPU: also tokens/s, MFU at T=8k, largest T
+    python benchmarks/learner.py --run --skip-cpu-report --remat-sweep full,dots,dots_no_batch,none
+                                                 # on a GPU/TPU: tokens/s and MFU at T=8k per remat policy
 
 (a) Without running anything, `jit(...).lower(...).compile().memory_analysis()`
 gives the compiled program's argument and temporary bytes on one device, for
@@ -242,8 +244,17 @@ def main(argv=None):
   ap.add_argument("--seqs", default="", help="comma-separated T for the memory report")
   ap.add_argument("--skip-cpu-report", action="store_true", help="with --run: only the device part")
   ap.add_argument("--max-t", type=int, default=262_144, help="with --run: stop the search here")
+  ap.add_argument("--remat", default=LONG["remat"], help="with --run: the remat policy of the measured update")
+  ap.add_argument("--remat-sweep", default="",
+                  help="with --run: comma-separated remat policies; measure each at --sweep-t instead of the "
+                       "max-T search (a policy that runs out of memory is recorded as such)")
+  ap.add_argument("--sweep-t", type=int, default=8192, help="with --remat-sweep: the session length")
   ap.add_argument("--child-fsdp", type=int, default=0, help=argparse.SUPPRESS)
   a = ap.parse_args(argv)
+  from mtrl_jax.models.config import REMAT_POLICIES
+  for name in [a.remat] + [x for x in a.remat_sweep.split(",") if x]:
+    if name not in REMAT_POLICIES:
+      ap.error(f"remat policy {name!r}: choose from {list(REMAT_POLICIES)}")
 
   if a.child_fsdp:
     r = compile_report(model_config(n_layers=a.layers), (1, 8, 1), a.child_fsdp)
@@ -277,8 +288,28 @@ def main(argv=None):
     out.update(compile_layers=cl, compile_s_scan=round(s_scan, 1), compile_s_unrolled=round(s_unr, 1))
     if "rl_peak_gib_t8k" in out and "rl_peak_gib_t32k" in out:
       out["peak_ratio_32k_over_8k"] = round(out["rl_peak_gib_t32k"] / out["rl_peak_gib_t8k"], 3)
-  if a.run:
-    cfg = model_config(n_layers=a.layers)
+  if a.run and a.remat_sweep:
+    sweep = {}
+    for name in a.remat_sweep.split(","):
+      try:
+        r = run_on_device(model_config(n_layers=a.layers, remat=name), a.sweep_t)
+        sweep[name] = {k: r[k] for k in ("step_s", "tok_s", "tflops", "mfu", "first_call_s", "loss_finite")}
+        out["device"] = r["device"]
+        print(f"  remat={name}: T={a.sweep_t} {r['step_s']:.3f} s per update, {r['tok_s']:.0f} tok/s, "
+              f"{r['tflops']:.0f} TFLOP/s, MFU {r['mfu']}", flush=True)
+      except Exception as e:  # out of memory, most likely
+        sweep[name] = {"error": f"{type(e).__name__}: {str(e)[:200]}"}
+        print(f"  remat={name}: fails ({sweep[name]['error']})", flush=True)
+    out.update(sweep_t=a.sweep_t, remat_sweep=sweep)
+    print("\n| remat | s per update | tokens/s | TFLOP/s | MFU |\n|---|---:|---:|---:|---:|")
+    for name, r in sweep.items():
+      if "error" in r:
+        print(f"| {name} | fails | | | |")
+      else:
+        mfu = "n/a" if r["mfu"] is None else f"{100 * r['mfu']:.1f}%"
+        print(f"| {name} | {r['step_s']:.3f} | {r['tok_s']:.0f} | {r['tflops']:.0f} | {mfu} |")
+  elif a.run:
+    cfg = model_config(n_layers=a.layers, remat=a.remat)
     r = run_on_device(cfg, 8192)
     out.update(device=r["device"], rl_tok_s_t8k=round(r["tok_s"], 1), rl_step_s_t8k=round(r["step_s"], 4),
                rl_tflops_t8k=round(r["tflops"], 1),

@@ -1,9 +1,9 @@
 """Tree rollouts vs independent chains at an equal token budget.
 
-    python benchmarks/tree.py                     # ~10-15 min on a 2-core CPU (less once the warm start is cached)
-    python benchmarks/tree.py --budget 60000      # a quick look
-    python benchmarks/tree.py --rl_seeds 0,1,2    # each arm trained from 3 seeds (eval per seed, paired difference)
-    python benchmarks/tree.py --tree_group 16     # trees spend their saving on 16 leaves per task, not on more updates
+    python benchmarks/tree.py                     # the default: 10 RL seeds, trees train on 2G leaves per task
+    python benchmarks/tree.py --budget 60000 --rl_seeds 0   # a quick look
+    python benchmarks/tree.py --rl_seeds 0,1,2            # fewer seeds (eval per seed, paired difference)
+    python benchmarks/tree.py --tree_group 0      # trees spend their saving on more updates of G leaves instead
 
 The `memory` probe (length 3 with the hint, as in the main job: five turns).
 A tiny policy (2 layers, d=64) is warm-started once by behaviour cloning
@@ -18,15 +18,23 @@ A tiny policy (2 layers, d=64) is warm-started once by behaviour cloning
            siblings share the prompt and the turns before their fork.
 2. Training at equal tokens. From the same warm start, each arm trains
    (T x G sessions per update, the same learner) until --budget tokens are
-   spent: chains with MS-GRPO (the main job's estimator), trees with the
-   `tree` estimator (group- plus tree-normalised return). With
-   --tree_group 0 a tree update costs fewer tokens, so it gets more updates;
-   with --tree_group 2G it has twice the leaves per task instead (about the
-   same updates and tokens as chains). Both final policies are evaluated on
-   the same held-out tasks (sampled at temperature 1).
+   spent: chains with MS-GRPO (the main job's estimator); trees once per
+   --tree_estimators entry (default: the `tree` estimator, group- plus
+   tree-normalised return, and MS-GRPO over the task's leaves). By default a tree
+   update plays 2G leaves per task (--tree_group, default 2 x --group): the
+   trees spend their token saving on larger groups, as Tree-GRPO does, so
+   both arms make about as many updates of about as many tokens. With
+   --tree_group 0 a tree update plays G leaves and costs fewer tokens, so
+   the trees get about twice the updates instead. Each arm trains once per
+   --rl_seeds entry from the same warm start; both final policies are
+   evaluated on the same held-out tasks (sampled at temperature 1), and the
+   difference is paired by seed. The eval also reports the peek rate (turn-0
+   action `peek`): a policy that stops peeking can only guess (success ~0.1).
 
 Prints a table, then (last line) one JSON object with
-`sessions_per_token_ratio`, `tree_eval_success`, `chain_eval_success`, `tokens`.
+`sessions_per_token_ratio`, `tree_eval_success` (the `tree` estimator's arm),
+`chain_eval_success`, `tokens`, the per-seed lists and paired differences,
+and `tree_<estimator>_...` keys for the other tree arms.
 """
 from __future__ import annotations
 
@@ -49,7 +57,7 @@ import numpy as np
 from absl import logging
 
 from mtrl_jax.config import base_config
-from mtrl_jax.credit.registry import make_advantage_fn
+from mtrl_jax.credit.registry import estimator_names, make_advantage_fn
 from mtrl_jax.envs import registry as env_registry
 from mtrl_jax.parallel.sharded_step import init_opt_state
 from mtrl_jax.rollout.engine import RolloutEngine
@@ -118,10 +126,22 @@ class Bench:
     self.sampler.set_params(copy_params(p), 0)
     return L
 
-  def evaluate(self, params) -> float:
+  def evaluate(self, params) -> tuple[float, float]:
+    """(success, peek rate) on the held-out tasks. A policy that stops peeking
+    can only guess the code: success about 1 / num_codes = 0.1."""
     self.eval_sampler.set_params(params, 0)
     seeds = [1_000_000 + i for i in range(self.args.eval_tasks)]
-    return session_stats(self.eval_engine.run(seeds, jax.random.key(99)).sessions, "")["success"]
+    sessions = self.eval_engine.run(seeds, jax.random.key(99)).sessions
+    peek = float(np.mean([bool(s.turns) and s.turns[0].action.strip() == "peek" for s in sessions]))
+    return session_stats(sessions, "")["success"], peek
+
+
+def paired_difference(arm: list[float], base: list[float]) -> tuple[float, float]:
+  """Mean and standard error of arm - base, paired by seed (s.e. nan for one seed)."""
+  if len(arm) != len(base):
+    raise ValueError(f"paired_difference: {len(arm)} seeds against {len(base)}")
+  d = np.asarray(arm, np.float64) - np.asarray(base, np.float64)
+  return float(d.mean()), (float(d.std(ddof=1) / np.sqrt(len(d))) if len(d) > 1 else float("nan"))
 
 
 def tokens_of(info) -> float:
@@ -157,9 +177,10 @@ def train_arm(b: Bench, arm: str, estimator: str, rl_seed: int = 0) -> dict:
     success.append(info["rollout/success"])
     step += 1
   train_s = time.perf_counter() - t0
+  eval_success, eval_peek = b.evaluate(copy_params(L.policy_params_for_sampler()))
   return {"updates": step, "tokens": tokens, "sessions": sessions, "train_s": train_s,
-          "train_success_last": float(np.mean(success[-3:])),
-          "eval_success": b.evaluate(copy_params(L.policy_params_for_sampler()))}
+          "train_success_last": float(np.mean(success[-3:])), "eval_success": eval_success,
+          "eval_peek": eval_peek}
 
 
 def main():
@@ -168,10 +189,10 @@ def main():
   p.add_argument("--group", type=int, default=8, help="sessions (leaves) per task")
   p.add_argument("--branch_turns", type=str, default="0,2")
   p.add_argument("--width", type=int, default=2)
-  p.add_argument("--tree_group", type=int, default=0,
-                 help="leaves per task when trees train (0: --group). 2 x --group spends the trees' token saving "
-                      "on larger groups (Tree-GRPO) instead of on more updates: both arms then make about as many "
-                      "updates of about as many tokens")
+  p.add_argument("--tree_group", type=int, default=None,
+                 help="leaves per task when trees train (default 2 x --group: the trees' token saving buys larger "
+                      "groups, as in Tree-GRPO, and both arms make about as many updates of about as many tokens; "
+                      "0: --group, so the saving buys more updates instead)")
   p.add_argument("--length", type=int, default=3)
   p.add_argument("--lr", type=float, default=5e-4)
   p.add_argument("--sft_steps", type=int, default=300)
@@ -179,29 +200,44 @@ def main():
   p.add_argument("--budget", type=float, default=150_000, help="training tokens per arm")
   p.add_argument("--eval_tasks", type=int, default=256)
   p.add_argument("--seed", type=int, default=0, help="the warm start's seed")
-  p.add_argument("--rl_seeds", type=str, default="0",
+  p.add_argument("--rl_seeds", type=str, default="0,1,2,3,4,5,6,7,8,9",
                  help="comma-separated: each arm trains once per seed from the same warm start (other tasks and "
                       "sampling keys); eval success is reported per seed and as the mean")
+  p.add_argument("--tree_estimators", type=str, default="tree,ms_grpo",
+                 help="comma-separated estimators that train on the trees, one arm each (chains: ms_grpo)")
   p.add_argument("--workdir", type=str, default="/tmp/mtrl_tree_bench")
   args = p.parse_args()
+  for est in args.tree_estimators.split(","):
+    if est not in estimator_names():
+      p.error(f"--tree_estimators: unknown estimator {est!r}; registered: {list(estimator_names())}")
+  if args.tree_group is None:
+    args.tree_group = 2 * args.group
+  if args.tree_group < 0 or args.tree_group % args.width ** len(args.branch_turns.split(",")):
+    p.error(f"--tree_group {args.tree_group}: must be 0 or a multiple of the leaves per tree "
+            f"(--width ** number of --branch_turns)")
   logging.set_verbosity(logging.WARNING)
   t_all = time.perf_counter()
   b = Bench(args)
   count = {arm: count_sessions(b, arm) for arm in ("chains", "trees")}
   ratio = count["trees"]["per_1k"] / count["chains"]["per_1k"]
-  warm = b.evaluate(copy_params(b.sft_params))
+  warm, warm_peek = b.evaluate(copy_params(b.sft_params))
   rl_seeds = [int(x) for x in args.rl_seeds.split(",")]
-  runs = {arm: [] for arm in ("chains", "trees")}
-  for r in rl_seeds:  # the two arms of a seed back to back: load drift hits both alike
-    for arm, est in (("chains", "ms_grpo"), ("trees", "tree")):
-      runs[arm].append(train_arm(b, "trees_train" if arm == "trees" else arm, est, r))
-      t = runs[arm][-1]
-      print(f"[rl seed {r}] {arm}: {t['updates']} updates, {t['tokens']:.0f} tokens, {t['train_s']:.0f}s, "
-            f"eval success {t['eval_success']:.3f}", flush=True)
-  train = {arm: {k: float(np.mean([t[k] for t in ts])) for k in ts[0]} for arm, ts in runs.items()}
-  evals = {arm: [t["eval_success"] for t in ts] for arm, ts in runs.items()}
-  diff = np.array(evals["trees"]) - np.array(evals["chains"])  # paired by seed
-  diff_se = float(diff.std(ddof=1) / np.sqrt(len(diff))) if len(diff) > 1 else float("nan")
+  # (name, engine, estimator): chains with the main job's estimator; trees with each --tree_estimators entry.
+  arms = [("chains", "chains", "ms_grpo")] + [
+      ("trees" if est == "tree" else f"trees_{est}", "trees_train", est) for est in args.tree_estimators.split(",")]
+  runs = {name: [] for name, _, _ in arms}
+  for r in rl_seeds:  # the arms of a seed back to back: load drift hits them alike
+    for name, engine, est in arms:
+      runs[name].append(train_arm(b, engine, est, r))
+      t = runs[name][-1]
+      print(f"[rl seed {r}] {name} ({est}): {t['updates']} updates, {t['tokens']:.0f} tokens, {t['train_s']:.0f}s, "
+            f"eval success {t['eval_success']:.3f}, peek rate {t['eval_peek']:.2f}", flush=True)
+  train = {name: {k: float(np.mean([t[k] for t in ts])) for k in ts[0]} for name, ts in runs.items()}
+  evals = {name: [t["eval_success"] for t in ts] for name, ts in runs.items()}
+
+  def paired(name):  # eval success of a tree arm minus the chains', paired by seed: mean, s.e.
+    return paired_difference(evals[name], evals["chains"])
+
   total_s = time.perf_counter() - t_all
 
   print(f"\nmemory length {args.length}, T={args.tasks} tasks x G={args.group} sessions per batch; trees: "
@@ -211,28 +247,37 @@ def main():
   print(f"{platform.machine()} {platform.processor() or ''} {os.cpu_count()} cores, load {os.getloadavg()}, "
         f"{datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC, total {total_s:.0f}s "
         f"(warm start {b.sft_s:.0f}s)")
-  print("\n| arm | sessions in count budget | tokens | sessions / 1k tokens | train updates | train tokens "
-        "| train sessions | train s | train success (last 3) | eval success | eval success per seed |")
-  print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|")
+  print("\n| rollouts | sessions in count budget | tokens | sessions / 1k tokens |\n|---|---:|---:|---:|")
   for arm in ("chains", "trees"):
-    c, t = count[arm], train[arm]
-    print(f"| {arm} | {c['sessions']:.0f} | {c['tokens']:.0f} | {c['per_1k']:.2f} | {t['updates']:.1f} | "
-          f"{t['tokens']:.0f} | {t['sessions']:.0f} | {t['train_s']:.0f} | {t['train_success_last']:.3f} | "
-          f"{t['eval_success']:.3f} | {', '.join(f'{e:.3f}' for e in evals[arm])} |")
-  print(f"warm start eval success: {warm:.3f}; sessions per token, trees / chains: {ratio:.2f}; "
-        f"eval success trees - chains, paired by seed: {diff.mean():+.3f} (s.e. {diff_se:.3f})")
-  out = {"sessions_per_token_ratio": round(ratio, 3), "tree_eval_success": round(train["trees"]["eval_success"], 4),
-         "chain_eval_success": round(train["chains"]["eval_success"], 4), "tokens": args.budget,
-         "tree_eval_by_seed": evals["trees"], "chain_eval_by_seed": evals["chains"], "rl_seeds": rl_seeds,
-         "tree_group": args.tree_group or args.group,
-         "eval_diff": round(float(diff.mean()), 4), "eval_diff_se": None if np.isnan(diff_se) else round(diff_se, 4),
-         "tree_tokens": train["trees"]["tokens"], "chain_tokens": train["chains"]["tokens"],
-         "tree_updates": train["trees"]["updates"], "chain_updates": train["chains"]["updates"],
-         "warm_eval_success": warm, "eval_tasks": args.eval_tasks,
-         "train_sessions_per_token_ratio": round(
-             (train["trees"]["sessions"] / train["trees"]["tokens"])
-             / (train["chains"]["sessions"] / train["chains"]["tokens"]), 3),
-         "total_s": round(total_s, 1)}
+    c = count[arm]
+    print(f"| {arm} | {c['sessions']:.0f} | {c['tokens']:.0f} | {c['per_1k']:.2f} |")
+  print("\n| arm (estimator) | train updates | train tokens | train sessions | train s | train success (last 3) "
+        "| eval success | minus chains (s.e.) | eval peek rate | eval success per seed |")
+  print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---|")
+  for name, _, est in arms:
+    t = train[name]
+    vs = "" if name == "chains" else "{:+.3f} ({:.3f})".format(*paired(name))
+    print(f"| {name} ({est}) | {t['updates']:.1f} | {t['tokens']:.0f} | {t['sessions']:.0f} | {t['train_s']:.0f} | "
+          f"{t['train_success_last']:.3f} | {t['eval_success']:.3f} | {vs} | {t['eval_peek']:.2f} | "
+          f"{', '.join(f'{e:.3f}' for e in evals[name])} |")
+  print(f"warm start eval success {warm:.3f} (peek rate {warm_peek:.2f}); sessions per token, trees / chains: "
+        f"{ratio:.2f}")
+  out = {"sessions_per_token_ratio": round(ratio, 3), "tokens": args.budget, "rl_seeds": rl_seeds,
+         "chain_eval_success": round(train["chains"]["eval_success"], 4), "chain_eval_by_seed": evals["chains"],
+         "chain_tokens": train["chains"]["tokens"], "chain_updates": train["chains"]["updates"]}
+  for name, _, est in arms[1:]:
+    key = "tree" if name == "trees" else f"tree_{est}"  # tree_eval_success: the `tree` estimator
+    diff, se = paired(name)
+    out.update({f"{key}_eval_success": round(train[name]["eval_success"], 4), f"{key}_eval_by_seed": evals[name],
+                f"{key}_eval_diff": round(diff, 4), f"{key}_eval_diff_se": None if np.isnan(se) else round(se, 4),
+                f"{key}_eval_peek": round(train[name]["eval_peek"], 4), f"{key}_tokens": train[name]["tokens"],
+                f"{key}_updates": train[name]["updates"]})
+  out.update({"tree_group": args.tree_group or args.group, "chain_eval_peek": round(train["chains"]["eval_peek"], 4),
+              "warm_eval_success": warm, "warm_eval_peek": warm_peek, "eval_tasks": args.eval_tasks,
+              "train_sessions_per_token_ratio": round(
+                  (train[arms[1][0]]["sessions"] / train[arms[1][0]]["tokens"])
+                  / (train["chains"]["sessions"] / train["chains"]["tokens"]), 3),
+              "total_s": round(total_s, 1)})
   print(json.dumps(out))
 
 

@@ -93,7 +93,12 @@ def _check(lambda_policy, lambda_critic, alpha, gamma):
 
 
 def _row_links(batch: CreditBatch, ep_b, k):
-  """For each row, the row holding its episode's next turn (-1: none)."""
+  """For each row, the row holding its episode's next counted turn (-1: none).
+
+  "Next" is the smallest counted turn after the row's last one, not turn
+  last + 1: a turn without a trainable token (masked, or never trained) is
+  stepped over, as the session layout steps over its tokens.
+  """
   b, t = batch.reward_bt.shape
   # Equivalent mutant `<= k`: a row whose only counted turn is k gets key
   # (ep + 1) * k, the turn-0 slot of the next episode, which no linked row
@@ -108,20 +113,26 @@ def _row_links(batch: CreditBatch, ep_b, k):
   key = jnp.where(has, ep_b * k + k_first, b * k)
   # Equivalent mutants: arange's default int is int32 too.
   rows = jnp.arange(b, dtype=jnp.int32)  # pragma: no mutate
-  # Equivalent mutants: the fill (+1, -2) lands only in slot b * k and extra
-  # segments (b * k + 2) stay empty; linked rows read neither (they read
-  # ep * k + turn, turn < k). b * k - 1 is caught by
-  # test_row_links_last_episode_slot, the other mutants fail to run.
+  # Slot ep * k + j holds the row whose first counted turn is j (an empty
+  # slot: the int32 minimum); slot b * k collects the rows without one.
+  # Equivalent mutants of the fill (+1, -2): only those rows see it, and
+  # their slot b * k is dropped just below.
   row_at = jax.ops.segment_max(jnp.where(has, rows, -1), key,  # pragma: no mutate
-                               num_segments=b * k + 1,  # pragma: no mutate
-                               )
+                               num_segments=b * k + 1)
+  row_ek = row_at[:-1].reshape(b, k)
+  # For each slot, the first occupied slot at or after it in its episode (k: none).
+  # Equivalent mutants: arange's default int is int32 too (and int64 with x64 compares alike).
+  turns = jnp.arange(k, dtype=jnp.int32)  # pragma: no mutate
+  occupied = jnp.where(row_ek >= 0, turns[None, :], k)
+  next_occupied = jax.lax.cummin(occupied, axis=1, reverse=True)
   nxt = k_last + 1
-  linked = has & (nxt < k)
-  # ep_b * k + nxt lies in [0, b * k] for every row (k_last < k), so it needs
-  # no guard: the rows it is wrong for are not linked. An empty slot (no row
-  # holds that turn) holds the int32 minimum.
-  succ = row_at[ep_b * k + nxt]
-  return jnp.where(linked, jnp.maximum(succ, -1), -1)
+  # nxt and j lie in [0, k]; the value k (no later turn) is not linked, and the
+  # clip keeps its read in bounds. Equivalent mutants of the clips (k + 1 for
+  # k - 1): JAX clamps an out-of-bounds gather index to k - 1 by itself.
+  j = next_occupied[ep_b, jnp.minimum(nxt, k - 1)]  # pragma: no mutate
+  linked = has & (nxt < k) & (j < k)
+  succ = row_ek[ep_b, jnp.minimum(j, k - 1)]  # pragma: no mutate
+  return jnp.where(linked, succ, -1)
 
 
 def _token_gae(batch: CreditBatch, v_bt, lam_b, gamma, succ_b, hops: int):

@@ -5,7 +5,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 import rlax
-from hypothesis import given, settings
+from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 import functools
@@ -209,9 +209,33 @@ def test_decoupled_lambdas(seed):
 @settings(max_examples=20, deadline=None)
 @given(seed=seeds)
 def test_critic_estimators_agree_across_layouts(seed):
+  _assert_layouts_agree(random_sessions(seed), seed, ("gae", "turn_gae", "bilevel_gae", "return_to_go"))
+
+
+@settings(max_examples=20, deadline=None)
+@given(seed=seeds)
+def test_critic_estimators_agree_across_layouts_with_untrained_middle_turns(seed):
+  """Turns without a trainable token in the middle of sessions (turn 1 of
+  every row with three turns or more, loss mask 0 on its action tokens;
+  e.g. a turn whose tokens a token filter masked). The session layout steps
+  over them; the per-turn layout has no row for them, so gae must link the
+  row of turn 0 to the row of turn 2. Fails with gae linking only turn
+  j -> j + 1 (the chain broke at the gap: turn 0's advantage lost every
+  later reward)."""
   d = random_sessions(seed)
+  m = d["loss_mask_bt"] > 0
+  gaps = 0
+  for i in range(m.shape[0]):
+    if len(set(d["turn_idx_bt"][i][m[i]].tolist())) >= 3:
+      d["loss_mask_bt"][i][d["turn_idx_bt"][i] == 1] = 0.0
+      gaps += 1
+  assume(gaps > 0)
+  _assert_layouts_agree(d, seed, ("gae", "turn_gae", "bilevel_gae"))
+
+
+def _assert_layouts_agree(d, seed, names):
   per_turn, origin = split_per_turn(d, seed, pad_rows_to=72)
-  for name in ("gae", "turn_gae", "bilevel_gae", "return_to_go"):
+  for name in names:
     a_s, t_s = run_traced(name, to_batch(d), {"gamma": 0.9})
     a_p, t_p = run_traced(name, to_batch(per_turn), {"gamma": 0.9})
     a_s, a_p = np.asarray(a_s), np.asarray(a_p)
@@ -369,19 +393,29 @@ def test_row_links_last_episode_slot():
   np.testing.assert_array_equal(_links([[1], [1]], [[0], [0]], [0, 1], 2), [-1, -1])
 
 
+def test_row_links_step_over_a_turn_without_trainable_token():
+  """One episode, turns 0, 1, 2 in rows 2, 0, 1; turn 1 has no trainable
+  token. Turn 0's row links to turn 2's row (the session layout steps over
+  turn 1's masked tokens too). Fails with the link to turn j + 1 only
+  (row 2 -> -1)."""
+  mask = [[0, 0], [1, 1], [1, 0]]
+  turn = [[1, 1], [2, 2], [0, 0]]
+  np.testing.assert_array_equal(_links(mask, turn, [4, 4, 4], 3), [-1, -1, 1])
+
+
 @st.composite
 def _per_turn_layouts(draw):
-  """Episodes split over rows, one turn per row, rows shuffled; some
-  episodes end with turns without a trainable token (a row with mask 0),
-  and other episodes' turns may reach past max_turns. Padded with one-row
+  """Episodes split over rows, one turn per row, rows shuffled; any turn,
+  first, middle or last, may have no trainable token (a row with mask 0),
+  and episodes' turns may reach past max_turns. Padded with one-row
   episodes without trainable token to a fixed [15, 3] (one compilation)."""
   t = 3
   n_ep = draw(st.integers(1, 3))
   rows = []  # (episode id, turn, trainable)
   for e in range(n_ep):
-    n_turns = draw(st.integers(1, 4))
-    n_empty = draw(st.integers(0, 1))
-    rows += [(10 * e + 5, j, j < n_turns) for j in range(n_turns + n_empty)]
+    n_turns = draw(st.integers(1, 5))
+    trainable = draw(st.lists(st.booleans(), min_size=n_turns, max_size=n_turns))
+    rows += [(10 * e + 5, j, tr) for j, tr in enumerate(trainable)]
   order = draw(st.permutations(range(len(rows))))
   rows = [rows[i] for i in order]
   rows += [(100 + i, 0, False) for i in range(15 - len(rows))]
@@ -396,15 +430,23 @@ def _per_turn_layouts(draw):
 @settings(max_examples=30, deadline=None)
 @given(layout=_per_turn_layouts())
 def test_row_links_match_next_turn_of_the_episode(layout):
-  """Row of turn j < K-1 with a trainable token -> the row of turn j + 1 of
-  the same episode if that turn is trainable, else -1; rows of turns >= K-1
-  and rows without a trainable token -> -1. Checked to fail, on random
-  orders and K, on the breaks of the hand example except two: turns outside
-  [0, K) counted (a rare key collision) and row_at one slot short (the last
-  episode rank is always a padding row here); the hand tests catch those."""
+  """Row of a trainable turn j < K -> the row of the same episode's next
+  trainable turn j' in (j, K), stepping over turns without a trainable
+  token; -1 if there is none, and for rows without a trainable token or of
+  turns >= K. Checked to fail, on random orders and K, on the breaks of the
+  hand example except two: turns outside [0, K) counted (a rare key
+  collision) and row_at one slot short (the last episode rank is always a
+  padding row here); the hand tests catch those. Also fails on the old link
+  to turn j + 1 only (a middle turn without a trainable token broke the
+  chain)."""
   mask, turn, ep, k, rows = layout
   where = {(e, j): i for i, (e, j, tr) in enumerate(rows) if tr and j < k}
-  want = [where.get((e, j + 1), -1) if (e, j) in where else -1 for e, j, _ in rows]
+
+  def next_row(e, j):
+    later = [jj for (ee, jj) in where if ee == e and jj > j]
+    return where[(e, min(later))] if later else -1
+
+  want = [next_row(e, j) if (e, j) in where else -1 for e, j, _ in rows]
   np.testing.assert_array_equal(_links(mask, turn, ep, k), want)
 
 
