@@ -135,3 +135,32 @@ def test_tree_spec_validation():
   with pytest.raises(ValueError, match="distinct"):
     TreeSpec((1, 1), 2)
   assert TreeSpec((3, 1), 2).branch_turns == (1, 3) and TreeSpec((3, 1), 2).roots(8) == 2
+
+
+def test_actor_pool_plays_the_same_trees_as_the_synchronous_engine(policy, sampler):
+  """The async source (two actors, one group per ticket, eta 0) with a tree
+  engine as its template hands over whole trees, and they are the trees the
+  synchronous source plays: same session ids, tree ids, parents and fork
+  turns, tokens and behaviour log-probs. Catches an actor pool that copies
+  the template into a chain engine (no tree ids, no parents), or that plays
+  the leaves of a tree in different tickets (trees split, ids differ)."""
+  from mtrl_jax.train.async_source import AsyncSource
+  from mtrl_jax.train.source import SyncSource
+  spec, g, tasks = TreeSpec((1,), 2), 4, 2  # two trees of two leaves per task
+  sync_engine = _engine(sampler, spec, group_size=g)
+  sync_engine.next_group_id = sync_engine.next_session_id = 0
+  want, _ = SyncSource(sync_engine, seed=0, tasks_per_update=tasks).next_batch(0)
+  with AsyncSource(_engine(sampler, spec, group_size=g), params=sampler.params, version=sampler.version, seed=0,
+                   tasks_per_update=tasks, eta=0, actors=2, groups_per_chunk=1) as src:
+    src.publish(sampler.params, sampler.version)
+    got, info = src.next_batch(0)
+  assert len(got) == len(want) == tasks * g
+  assert len({s.tree_id for s in got}) == tasks * spec.roots(g)
+  assert sum(s.branch_of is not None for s in got) == tasks * spec.roots(g)  # one child per tree
+  key = lambda s: (s.group_id, s.session_id)
+  for x, y in zip(sorted(got, key=key), sorted(want, key=key)):
+    assert (x.session_id, x.group_id, x.tree_id, x.branch_of, x.seed) == (y.session_id, y.group_id, y.tree_id,
+                                                                         y.branch_of, y.seed)
+    np.testing.assert_array_equal(x.flat_tokens(), y.flat_tokens())
+    np.testing.assert_allclose(x.flat_logp(), y.flat_logp(), atol=1e-5)
+  _check_logps(policy, got)
