@@ -373,12 +373,13 @@ def test_row_links_hand_example():
   rows 2, 3, 1 (row 1 also holds turn 3 >= K, ignored) and turn 4 alone in
   row 6 (ignored). Episode 7 (rank 1): turns 0, 1 in rows 4, 0 and a row 5
   without trainable token. Episode 9: one row, turn 0.
-  Checked to fail on: `has` taken over the whole batch or `has | ...` in
+  Checked to fail on (by hand on the first version of `_row_links`; the
+  rewritten one that steps over untrainable turns lost no mutant to these
+  tests, 2026-11-27): `has` taken over the whole batch or `has | ...` in
   `linked` (row 5 -> row 4); `nxt <= k` in `linked` (row 1, last turn K-1,
-  -> row 4, the next episode's turn 0); -2 or +1 for an empty slot or an
-  unlinked row (rows 0, 7 / 1, 5, 6); the successor slot moved (ep * k - nxt,
-  min(nxt, k - 2)); turn 0 not counted (`> 0`, `>= 1`); turns outside
-  [0, K) counted (`|`); the k_last fill +1."""
+  -> row 4, the next episode's turn 0); -2 or +1 for an unlinked row (rows
+  0, 7 / 1, 5, 6); turn 0 not counted (`> 0`, `>= 1`); turns outside [0, K)
+  counted (`|`); the k_last fill +1."""
   mask = [[0, 1], [1, 1], [0, 1], [0, 1], [1, 0], [0, 0], [1, 1], [1, 1]]
   turn = [[0, 1], [2, 3], [0, 0], [0, 1], [0, 0], [0, 0], [4, 4], [0, 0]]
   ep = [7, 3, 3, 3, 7, 7, 3, 9]
@@ -387,9 +388,10 @@ def test_row_links_hand_example():
 
 def test_row_links_last_episode_slot():
   """Two one-row episodes, max_turns 2: row 1 (last episode rank) holds turn
-  0, so its next turn's slot is b * k - 1, the last real one, and empty.
-  Catches row_at sized b * k - 1 (the read is clamped to row 1's own slot,
-  and row 1 becomes its own successor)."""
+  0, so its next turn's slot is b * k - 1, the last real one, and empty:
+  neither row has a successor. (On the first version this caught row_at
+  sized b * k - 1; the rewrite reshapes row_at to [b, k], which fails to
+  run at any other size.)"""
   np.testing.assert_array_equal(_links([[1], [1]], [[0], [0]], [0, 1], 2), [-1, -1])
 
 
