@@ -4,6 +4,7 @@
     python benchmarks/tree.py --budget 60000 --rl_seeds 0   # a quick look
     python benchmarks/tree.py --rl_seeds 0,1,2            # fewer seeds (eval per seed, paired difference)
     python benchmarks/tree.py --tree_group 0      # trees spend their saving on more updates of G leaves instead
+    python benchmarks/tree.py --tree_estimators tree:scale_by_std=false   # an estimator's hyper-parameters
 
 The `memory` probe (length 3 with the hint, as in the main job: five turns).
 A tiny policy (2 layers, d=64) is warm-started once by behaviour cloning
@@ -89,6 +90,32 @@ def bench_config(args):
   return c
 
 
+def parse_estimator(spec: str) -> tuple[str, dict]:
+  """'name' or 'name:key=value:key=value' -> (name, hparams); values true/false, ints or floats.
+
+  e.g. 'tree:scale_by_std=false' is the `tree` estimator without the division by the std.
+  """
+  name, *pairs = spec.split(":")
+  hparams = {}
+  for pair in pairs:
+    key, sep, raw = pair.partition("=")
+    if not sep or not key:
+      raise ValueError(f"estimator {spec!r}: expected key=value after ':', got {pair!r}")
+    low = raw.lower()
+    if low in ("true", "false"):
+      hparams[key] = low == "true"
+    else:
+      try:
+        hparams[key] = int(raw)
+      except ValueError:
+        try:
+          hparams[key] = float(raw)
+        except ValueError:
+          raise ValueError(f"estimator {spec!r}: {key}={raw!r} is not true/false or a number") from None
+  make_advantage_fn(name, **hparams)  # unknown names and hyper-parameters fail here, before any compute
+  return name, hparams
+
+
 class Bench:
   def __init__(self, args):
     self.args = args
@@ -121,7 +148,8 @@ class Bench:
     p = copy_params(self.sft_params)
     L.state = LearnerState(p, init_opt_state(L.tx_policy, p, L.state_sh.opt_policy), {}, {})
     L.version, L.nonfinite_in_a_row = 0, 0
-    L.estimator = make_advantage_fn(estimator)
+    name, hparams = parse_estimator(estimator)
+    L.estimator = make_advantage_fn(name, **hparams)
     L._adv = jax.jit(L.estimator)
     self.sampler.set_params(copy_params(p), 0)
     return L
@@ -204,12 +232,15 @@ def main():
                  help="comma-separated: each arm trains once per seed from the same warm start (other tasks and "
                       "sampling keys); eval success is reported per seed and as the mean")
   p.add_argument("--tree_estimators", type=str, default="tree,ms_grpo",
-                 help="comma-separated estimators that train on the trees, one arm each (chains: ms_grpo)")
+                 help="comma-separated estimators that train on the trees, one arm each (chains: ms_grpo); "
+                      "hyper-parameters after colons, e.g. tree:scale_by_std=false")
   p.add_argument("--workdir", type=str, default="/tmp/mtrl_tree_bench")
   args = p.parse_args()
   for est in args.tree_estimators.split(","):
-    if est not in estimator_names():
-      p.error(f"--tree_estimators: unknown estimator {est!r}; registered: {list(estimator_names())}")
+    try:
+      parse_estimator(est)
+    except (ValueError, TypeError) as e:
+      p.error(f"--tree_estimators: {e} (registered estimators: {list(estimator_names())})")
   if args.tree_group is None:
     args.tree_group = 2 * args.group
   if args.tree_group < 0 or args.tree_group % args.width ** len(args.branch_turns.split(",")):
@@ -224,7 +255,8 @@ def main():
   rl_seeds = [int(x) for x in args.rl_seeds.split(",")]
   # (name, engine, estimator): chains with the main job's estimator; trees with each --tree_estimators entry.
   arms = [("chains", "chains", "ms_grpo")] + [
-      ("trees" if est == "tree" else f"trees_{est}", "trees_train", est) for est in args.tree_estimators.split(",")]
+      ("trees" if est == "tree" else "trees_" + est.replace(":", "_").replace("=", "_"), "trees_train", est)
+      for est in args.tree_estimators.split(",")]
   runs = {name: [] for name, _, _ in arms}
   for r in rl_seeds:  # the arms of a seed back to back: load drift hits them alike
     for name, engine, est in arms:
@@ -266,7 +298,7 @@ def main():
          "chain_eval_success": round(train["chains"]["eval_success"], 4), "chain_eval_by_seed": evals["chains"],
          "chain_tokens": train["chains"]["tokens"], "chain_updates": train["chains"]["updates"]}
   for name, _, est in arms[1:]:
-    key = "tree" if name == "trees" else f"tree_{est}"  # tree_eval_success: the `tree` estimator
+    key = "tree" if name == "trees" else "tree" + name[len("trees"):]  # tree_eval_success: the `tree` estimator
     diff, se = paired(name)
     out.update({f"{key}_eval_success": round(train[name]["eval_success"], 4), f"{key}_eval_by_seed": evals[name],
                 f"{key}_eval_diff": round(diff, 4), f"{key}_eval_diff_se": None if np.isnan(se) else round(se, 4),

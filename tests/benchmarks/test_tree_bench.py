@@ -36,6 +36,20 @@ def test_paired_difference_hand_example():
     tree_bench.paired_difference([0.1, 0.2, 0.3], [0.1, 0.2])
 
 
+def test_parse_estimator_hyper_parameters():
+  """'tree:scale_by_std=false' is the tree estimator without the std
+  division (a string "false" would be truthy: catches values left as
+  strings); ints stay ints; unknown names and keys fail before any compute."""
+  assert tree_bench.parse_estimator("ms_grpo") == ("ms_grpo", {})
+  name, hp = tree_bench.parse_estimator("tree:scale_by_std=false:ddof=1:eps=1e-3")
+  assert name == "tree" and hp == {"scale_by_std": False, "ddof": 1, "eps": 1e-3}
+  assert hp["scale_by_std"] is False and isinstance(hp["ddof"], int)
+  for bad, match in (("tree:nope=1", "unknown hyper-parameter"), ("nope", "unknown advantage estimator"),
+                     ("tree:scale_by_std", "key=value"), ("tree:eps=small", "not true/false or a number")):
+    with pytest.raises(ValueError, match=match):
+      tree_bench.parse_estimator(bad)
+
+
 @pytest.mark.slow
 
 
