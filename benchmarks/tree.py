@@ -243,9 +243,14 @@ def main():
       p.error(f"--tree_estimators: {e} (registered estimators: {list(estimator_names())})")
   if args.tree_group is None:
     args.tree_group = 2 * args.group
-  if args.tree_group < 0 or args.tree_group % args.width ** len(args.branch_turns.split(",")):
-    p.error(f"--tree_group {args.tree_group}: must be 0 or a multiple of the leaves per tree "
-            f"(--width ** number of --branch_turns)")
+  try:  # the tree engine's own check, before the warm start rather than after it
+    spec = TreeSpec(tuple(int(t) for t in args.branch_turns.split(",")), args.width)
+    if args.tree_group < 0:
+      raise ValueError("must be >= 0")
+    if args.tree_group:
+      spec.roots(args.tree_group)
+  except ValueError as e:
+    p.error(f"--tree_group {args.tree_group} / --branch_turns / --width: {e}")
   logging.set_verbosity(logging.WARNING)
   t_all = time.perf_counter()
   b = Bench(args)
