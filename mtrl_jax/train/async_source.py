@@ -34,6 +34,7 @@ from mtrl_jax.rollout.ledger import TokenLedger
 from mtrl_jax.rollout.ownership import HostShare, host_share
 from mtrl_jax.rollout.session import Session
 from mtrl_jax.rollout.staleness_queue import QueueClosed, StalenessQueue
+from mtrl_jax.train.interrupt import InterruptLatch
 from mtrl_jax.train.source import task_seeds
 
 
@@ -97,6 +98,10 @@ class AsyncSource:
                           share=share)
     self._closed = False
     self._last_stats = self.pool.stats()
+    # Ctrl-C closes the queue (the actors stop, waiters wake) and is re-raised
+    # by every later call even if a library swallowed the first
+    # KeyboardInterrupt (train/interrupt.py).
+    self.ctrl_c = InterruptLatch(on_interrupt=lambda: self.queue.close(KeyboardInterrupt()))
     self.pool.start()
 
   # ------------------------------------------------------------------ learner
@@ -106,6 +111,7 @@ class AsyncSource:
     Call it after every update, before the next `next_batch`: it also opens
     admission for the next batch (with eta = 0, nothing is played until then).
     """
+    self.ctrl_c.check()
     self.board.publish(copy_params(params), version)
     self.queue.publish(version)
 
@@ -120,12 +126,14 @@ class AsyncSource:
     eta = 0 gives update `step` the sessions `SyncSource` would.
     """
     del step
+    self.ctrl_c.check()
     if self.queue.unpublished_batches:
       raise RuntimeError("AsyncSource.next_batch: publish(params, version) was not called after the previous "
                          "batch; the actors would wait for it forever")
     try:
       batch = self.queue.get(version=self.board.version)
     except QueueClosed as e:
+      self.ctrl_c.check()
       if self.pool.error is not None:
         raise ActorPoolError(f"the actor pool failed: {self.pool.error}") from self.pool.error
       raise
@@ -172,6 +180,7 @@ class AsyncSource:
     if self._closed:
       return []
     self._closed = True
+    self.ctrl_c.uninstall()
     alive = self.pool.stop(self.join_timeout_s)
     if alive:
       logging.warning("AsyncSource.close: threads still alive after %.1fs: %s", self.join_timeout_s, alive)

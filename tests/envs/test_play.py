@@ -15,7 +15,7 @@ KEYS = {"success_rate", "mean_return", "mean_turns", "env_errors"}
 def run_cli(*args: str) -> tuple[str, dict]:
   env = {**os.environ, "PYTHONPATH": ROOT + os.pathsep + os.environ.get("PYTHONPATH", "")}
   proc = subprocess.run([sys.executable, "-m", "mtrl_jax.envs.play", *args], cwd=ROOT, env=env,
-                        capture_output=True, text=True, timeout=120)
+                        capture_output=True, text=True, timeout=600)
   assert proc.returncode == 0, proc.stderr
   return proc.stdout, json.loads(proc.stdout.strip().splitlines()[-1])
 
