@@ -1,4 +1,4 @@
-"""benchmarks/tree.py: the paired-by-seed difference it reports, and the
+"""benchmarks/tree_rollouts.py: the paired-by-seed difference it reports, and the
 whole script at a tiny size (its JSON line carries the issue's keys and one
 arm per --tree_estimators entry).
 
@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-_spec = importlib.util.spec_from_file_location("benchmarks_tree", os.path.join(REPO, "benchmarks", "tree.py"))
+_spec = importlib.util.spec_from_file_location("benchmarks_tree", os.path.join(REPO, "benchmarks", "tree_rollouts.py"))
 tree_bench = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(tree_bench)
 
@@ -58,7 +58,7 @@ def test_tree_benchmark_json_line(tmp_path):
   per-seed lists of the wrong length, and a token budget not spent (tokens
   per arm below --budget). At this size every policy may score 0, so the
   difference arithmetic is checked by the hand example above."""
-  cmd = [sys.executable, os.path.join(REPO, "benchmarks", "tree.py"), "--workdir", str(tmp_path),
+  cmd = [sys.executable, os.path.join(REPO, "benchmarks", "tree_rollouts.py"), "--workdir", str(tmp_path),
          "--sft_steps", "5", "--budget", "2500", "--count_budget", "1500", "--eval_tasks", "8",
          "--rl_seeds", "0,1", "--tasks", "2", "--group", "4"]
   # One CPU device, as the benchmark runs (the suite's fake 8-device flag would

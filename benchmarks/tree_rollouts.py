@@ -1,10 +1,10 @@
 """Tree rollouts vs independent chains at an equal token budget.
 
-    python benchmarks/tree.py                     # the default: 10 RL seeds, trees train on 2G leaves per task
-    python benchmarks/tree.py --budget 60000 --rl_seeds 0   # a quick look
-    python benchmarks/tree.py --rl_seeds 0,1,2            # fewer seeds (eval per seed, paired difference)
-    python benchmarks/tree.py --tree_group 0      # trees spend their saving on more updates of G leaves instead
-    python benchmarks/tree.py --tree_estimators tree:scale_by_std=false   # an estimator's hyper-parameters
+    python benchmarks/tree_rollouts.py                     # the default: 10 RL seeds, trees train on 2G leaves per task
+    python benchmarks/tree_rollouts.py --budget 60000 --rl_seeds 0   # a quick look
+    python benchmarks/tree_rollouts.py --rl_seeds 0,1,2            # fewer seeds (eval per seed, paired difference)
+    python benchmarks/tree_rollouts.py --tree_group 0      # trees spend their saving on more updates of G leaves instead
+    python benchmarks/tree_rollouts.py --tree_estimators tree:scale_by_std=false   # an estimator's hyper-parameters
 
 The `memory` probe (length 3 with the hint, as in the main job: five turns).
 A tiny policy (2 layers, d=64) is warm-started once by behaviour cloning
@@ -39,17 +39,10 @@ and `tree_<estimator>_...` keys for the other tree arms.
 """
 from __future__ import annotations
 
-import os
-import sys
-
-# This file is named tree.py: with its folder first on sys.path, `import tree`
-# (dm-tree, used by tensorflow_datasets) would find this script instead.
-_HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path[:] = [p for p in sys.path if os.path.abspath(p or os.curdir) != _HERE]
-
 import argparse
 import datetime
 import json
+import os
 import platform
 import time
 
