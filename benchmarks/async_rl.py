@@ -228,7 +228,8 @@ def main():
   parser.add_argument("--smooth", type=str, default="mean_isotonic", choices=ac.SMOOTHERS)
   parser.add_argument("--target_frac", type=float, default=0.8)
   parser.add_argument("--tolerance", type=float, default=0.05, help="'equal final success' margin")
-  parser.add_argument("--warmup", type=int, default=2, help="untimed updates per kind of arm, to compile")
+  parser.add_argument("--warmup", type=int, default=2, help="untimed updates per kind of arm, to compile "
+                                                            "(0: none; the arms' first updates then pay it)")
   parser.add_argument("--workdir", type=str, default="/tmp/mtrl_async_rl_bench")
   args = parser.parse_args()
   seeds = [int(s) for s in args.seeds.split(",") if s != ""]
@@ -241,7 +242,7 @@ def main():
 
   b = Bench(args)
   # Compile every shape (sync batch, actor batch, learner, eval) before any clock runs.
-  for eta in [None] + etas[:1]:
+  for eta in [None] + etas[:1] if args.warmup > 0 else []:
     train_arm(b, eta, 10_000, args.warmup, args.warmup, args.actors)
   start = b.evaluate(b.sft_params)
 

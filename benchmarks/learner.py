@@ -273,8 +273,9 @@ def main(argv=None):
       rows.append(("1 device", r))
       print(f"  T={t:>6}: args {r['args_gib']:.2f} GiB, temp {r['temp_gib']:.2f} GiB "
             f"({r['compile_s']:.0f} s to compile)", flush=True)
-      out[f"rl_peak_gib_t{t // 1024}k"] = round(r["peak_gib"], 3)
-      out[f"rl_temp_gib_t{t // 1024}k"] = round(r["temp_gib"], 3)
+      tag = f"t{t // 1024}k" if t % 1024 == 0 else f"t{t}"
+      out[f"rl_peak_gib_{tag}"] = round(r["peak_gib"], 3)
+      out[f"rl_temp_gib_{tag}"] = round(r["temp_gib"], 3)
     base = rows[0][1]
     f8 = fsdp_child(seqs[0], a.layers)
     rows.append(("fsdp=8", f8))

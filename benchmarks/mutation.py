@@ -198,7 +198,8 @@ def print_summary(wall=None):
 
 def main():
   if ARGS.summary:
-    print_summary()
+    per_file, survivors, total = print_summary()
+    print(json.dumps(dict(per_file=per_file, total=dict(total), survivors=survivors)))
     return
   if ARGS.fresh:
     shutil.rmtree("mutants", ignore_errors=True)
@@ -224,6 +225,7 @@ def main():
   out = dict(files=ARGS.files, tests=ARGS.tests, wall_s=wall, max_examples=ARGS.max_examples, jit=ARGS.jit,
              per_file=per_file, total=dict(total), survivors=survivors)
   Path("mutants/summary.json").write_text(json.dumps(out, indent=1))
+  print(json.dumps(out))
 
 
 if __name__ == "__main__":

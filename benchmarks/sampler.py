@@ -199,9 +199,10 @@ def main():
   ]
   for sb in (1, b):
     ms = turn_ms[sb]
-    rows.append((f"session batch {sb}: turn ms", f"t1 {1e3 * ms[0]:.1f}, t4 {1e3 * ms[3]:.1f}, "
-                                                 f"t8 {1e3 * ms[7]:.1f}, t16 {1e3 * ms[-1]:.1f}"))
-    rows.append((f"session batch {sb}: turn16/turn1", f"{ratios[sb]:8.2f}"))
+    # Turns 1, 4, 8 and the last (16 by default), those that exist with a smaller --turns.
+    shown = sorted({t for t in (1, 4, 8) if t < len(ms)} | {len(ms)})
+    rows.append((f"session batch {sb}: turn ms", ", ".join(f"t{t} {1e3 * ms[t - 1]:.1f}" for t in shown)))
+    rows.append((f"session batch {sb}: turn{len(ms)}/turn1", f"{ratios[sb]:8.2f}"))
   rows.append(("compiled shapes", str(sampler.compile_count())))
   rows.append(("machine", f"{os.cpu_count()} cores {cpu}, jax {jax.__version__} ({jax.default_backend()}), "
                           f"transformers {transformers.__version__}, load avg {os.getloadavg()[0]:.1f}"))

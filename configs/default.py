@@ -8,7 +8,8 @@ turn, `length + 1` turns later.
 
 Command:
   python -m mtrl_jax.main --config=configs/default.py --workdir=/tmp/mtrl_default
-Args: `configs/default.py:length=6,runlocal=true` (runlocal: a 1-minute smoke run).
+Args: `configs/default.py:length=6,runlocal=true` (runlocal: a 1-minute smoke run),
+`seed=N` (the same as `--config.seed=N`; a sweep's grid key).
 Expected on a 2-core CPU: see README.md (measured numbers and the plot).
 """
 from configs.common import default_config, shrink
@@ -16,6 +17,7 @@ from mtrl_jax.config_args import parse_args
 
 
 def get_config(arg=None):
-  a = parse_args(arg, {"length": 3, "runlocal": False})
+  a = parse_args(arg, {"length": 3, "runlocal": False, "seed": 0})
   c = default_config(a["length"])
+  c.seed = a["seed"]
   return shrink(c) if a["runlocal"] else c

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import glob
+import json
 import itertools
 import os
 import sys
@@ -202,6 +203,7 @@ def main(argv=None) -> str:
     p.error("--smooth must be in [0, 1)")
   out = plot(workdirs, a.out or default_out(workdirs), smooth=a.smooth, title=a.title)
   print(out)
+  print(json.dumps({"out": out, "runs": len(workdirs)}))
   return out
 
 

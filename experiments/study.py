@@ -292,6 +292,7 @@ def main(argv=None) -> int:
     for _, cmd, _ in warm_jobs + run_jobs:
       print(" ".join(cmd))
     print(f"# {len(warm_jobs)} warm starts, {len(run_jobs)} runs; cwd {REPO}")
+    print(json.dumps({"dry_run": True, "warm_starts": len(warm_jobs), "runs": len(run_jobs)}))
     return 0
   os.makedirs(root, exist_ok=True)
   # JAX's persistent compilation cache, shared by the runs: every run compiles the same
@@ -308,8 +309,10 @@ def main(argv=None) -> int:
   failed = _pool(warm_todo, a.parallel, "warm")
   if failed:
     print(f"study: warm starts failed: {failed}; relaunch to retry", file=sys.stderr)
+    print(json.dumps({"warm_starts": len(warm_jobs), "warm_failed": failed}))
     return 1
   if a.warm_only:
+    print(json.dumps({"warm_starts": len(warm_jobs), "warm_failed": []}))
     return 0
   todo = [j for j in run_jobs if not is_done(j[2])]
   if a.lab:
@@ -319,10 +322,13 @@ def main(argv=None) -> int:
         todo.insert(0, job)  # first: the longest jobs, so the pool does not end on one
   print(f"study: {len(todo)} of {len(run_jobs)} runs to go, root={root}", flush=True)
   failed = _pool(todo, a.parallel, "run")
+  summary = {"warm_starts": len(warm_jobs), "runs": len(run_jobs), "ran": len(todo), "failed": failed}
   if failed:
     print(f"study: {len(failed)} runs failed: {', '.join(failed)}; relaunch to retry", file=sys.stderr)
+    print(json.dumps(summary))
     return 1
   print(f"study: done; python experiments/report.py --root {root}")
+  print(json.dumps(summary))
   return 0
 
 

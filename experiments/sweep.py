@@ -11,6 +11,14 @@ and any `--config.FIELD=VALUE` flag is passed to every run:
   python experiments/sweep.py --config configs/grpo.py:runlocal=true --grid 'seed=0,1,2' \\
       --root /tmp/s --config.rl.steps=5
 
+Judging a recipe: `--seeds N` adds seed=0..N-1 to the grid (or is the whole
+grid), and at the end the sweep prints every run's final sampled eval success
+with min / median / max over the runs, and, with `--bar`, the eval step at
+which each run first reached the bar and its lowest eval after that (a recipe
+that gets there and falls back is not robust):
+
+  python experiments/sweep.py --config configs/default.py --seeds 5 --root /tmp/seeds --bar 0.95
+
 A run whose metrics.jsonl already has a final line (stage `eval`) is skipped,
 so relaunching the same command after a preemption finishes the grid; each
 unfinished run resumes from its own checkpoint. Each run's stdout and stderr
@@ -83,6 +91,63 @@ def is_done(workdir: str) -> bool:
   return False
 
 
+def eval_curve(workdir: str) -> tuple[list[tuple[int, float]], float | None]:
+  """([(rl step, eval/success)] of the RL stage, final eval/success or None) of one run."""
+  from mtrl_jax.metrics import read_metrics
+  if not os.path.exists(os.path.join(workdir, "metrics.jsonl")):
+    return [], None
+  curve, final = {}, None
+  for r in read_metrics(workdir):
+    if r.get("eval/success") is None:
+      continue
+    if r.get("stage") == "rl":
+      curve[int(r["step"])] = float(r["eval/success"])  # a resumed run's rewritten step replaces the old
+    elif r.get("stage") == "eval":
+      final = float(r["eval/success"])
+  return sorted(curve.items()), final
+
+
+def seed_report(runs: list[tuple[str, str]], bar: float | None) -> dict:
+  """Final eval success per run and min / median / max over the finished ones (see module doc)."""
+  per_run = {}
+  for name, workdir in runs:
+    curve, final = eval_curve(workdir)
+    row = {"final": final}
+    if bar is not None:  # the RL evals, then the final one (64+ tasks) as step "final"
+      points = curve + ([("final", final)] if final is not None else [])
+      first = next((i for i, (_, v) in enumerate(points) if v >= bar), None)
+      row["first_at_bar"] = None if first is None else points[first][0]
+      row["min_after_bar"] = None if first is None else min(v for _, v in points[first:])
+    per_run[name] = row
+  finals = sorted(r["final"] for r in per_run.values() if r["final"] is not None)
+  out = {"runs": len(runs), "finished": len(finals), "per_run": per_run}
+  if finals:
+    n = len(finals)
+    median = finals[n // 2] if n % 2 else 0.5 * (finals[n // 2 - 1] + finals[n // 2])
+    out["eval_success"] = {"min": finals[0], "median": median, "max": finals[-1]}
+  if bar is not None:
+    out["bar"] = bar
+    out["all_reached_bar"] = bool(finals) and all(r["first_at_bar"] is not None for r in per_run.values())
+  return out
+
+
+def print_seed_report(rep: dict) -> None:
+  bar = rep.get("bar")
+  head = "| run | final eval/success |" + (f" first eval >= {bar} at step | lowest eval after |" if bar else "")
+  print("\n" + head)
+  print("|---|---:|" + ("---:|---:|" if bar else ""))
+  for name, r in rep["per_run"].items():
+    cells = ["—" if r["final"] is None else f"{r['final']:.3f}"]
+    if bar is not None:
+      cells += ["never" if r["first_at_bar"] is None else str(r["first_at_bar"]),
+                "—" if r["min_after_bar"] is None else f"{r['min_after_bar']:.3f}"]
+    print(f"| {name} | " + " | ".join(cells) + " |")
+  if "eval_success" in rep:
+    e = rep["eval_success"]
+    print(f"final eval/success over {rep['finished']} of {rep['runs']} runs: min {e['min']:.3f}, "
+          f"median {e['median']:.3f}, max {e['max']:.3f}")
+
+
 def command(python: str, config: str, workdir: str, overrides: list[str]) -> list[str]:
   return [python, "-m", "mtrl_jax.main", f"--config={config}", f"--workdir={workdir}", *overrides]
 
@@ -101,7 +166,10 @@ def main(argv=None) -> int:
   p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog=__doc__.split("\n\n", 1)[1],
                               formatter_class=argparse.RawDescriptionHelpFormatter)
   p.add_argument("--config", required=True, help="configs/<family>.py[:fixed args], relative to the repo")
-  p.add_argument("--grid", required=True, help="'key=v1,v2;key2=w1,w2' (product of all)")
+  p.add_argument("--grid", default="", help="'key=v1,v2;key2=w1,w2' (product of all)")
+  p.add_argument("--seeds", type=int, default=0, help="add seed=0..N-1 to the grid")
+  p.add_argument("--bar", type=float, default=None,
+                 help="report when each run's eval/success first reached this and its lowest eval after")
   p.add_argument("--root", required=True, help="one workdir per run goes under here")
   p.add_argument("--dry_run", action="store_true", help="print the commands, run nothing")
   p.add_argument("--parallel", type=int, default=1,
@@ -112,6 +180,14 @@ def main(argv=None) -> int:
     p.error(f"unrecognized arguments: {' '.join(bad)} (only --config.FIELD=VALUE is passed on to runs)")
   if a.parallel < 1:
     p.error("--parallel must be >= 1")
+  if a.seeds < 0:
+    p.error("--seeds must be >= 0")
+  if a.seeds:
+    if "seed=" in a.grid:
+      p.error("--seeds and a seed=... key in --grid: choose one")
+    a.grid = ";".join(x for x in (a.grid, "seed=" + ",".join(str(i) for i in range(a.seeds))) if x)
+  if not a.grid:
+    p.error("give --grid, --seeds or both")
   a.root = os.path.abspath(a.root)  # runs start in the repo root, not here
   path, sep, fixed = a.config.partition(":")
   if not os.path.exists(os.path.join(REPO, path)) and os.path.exists(path):
@@ -146,11 +222,15 @@ def main(argv=None) -> int:
       print(f"[{secs:7.1f}s] {status}: {name}  (log: {os.path.join(a.root, name, 'log.txt')})", flush=True)
       if rc != 0:
         failed.append(name)
+  rep = seed_report([(name, os.path.join(a.root, name)) for name, _ in runs], a.bar)
+  rep["failed"] = len(failed)
+  print_seed_report(rep)
   if failed:
     print(f"sweep: {len(failed)} failed: {', '.join(sorted(failed))}; relaunch to retry them", file=sys.stderr)
-    return 1
-  print(f"sweep: done; python experiments/summarize.py --root {a.root}")
-  return 0
+  else:
+    print(f"sweep: done; python experiments/summarize.py --root {a.root}")
+  print(json.dumps(rep))
+  return 1 if failed else 0
 
 
 if __name__ == "__main__":

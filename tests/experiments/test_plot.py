@@ -80,7 +80,9 @@ def test_token_axis_falls_back_to_the_per_step_ledger(tmp_path):
 def test_plot_writes_png_for_one_and_several_runs(tmp_path, capsys):
   one = write_run(tmp_path / "estimator=grpo,seed=0")
   out = plot.main(["--workdir", one])
-  assert out == os.path.join(one, "curves.png") and capsys.readouterr().out.strip() == out
+  assert out == os.path.join(one, "curves.png")
+  printed = capsys.readouterr().out.strip().splitlines()
+  assert printed[0] == out and json.loads(printed[-1]) == {"out": out, "runs": 1}
   two = write_run(tmp_path / "estimator=rloo,seed=0", final=(0.5, 0.4), tokens_per_step=150.0)
   both = plot.split_workdirs([f"{one},{two}"])  # names with commas still split right
   assert both == [one, two]
@@ -99,7 +101,7 @@ def test_plot_cli_and_bad_workdir(tmp_path):
                         str(tmp_path / "*"), "--out", str(tmp_path / "glob.png")],
                        capture_output=True, text=True, timeout=60)
   assert res.returncode == 0, res.stderr
-  assert res.stdout.strip() == str(tmp_path / "glob.png") and os.path.getsize(tmp_path / "glob.png") > 0
+  assert res.stdout.strip().splitlines()[0] == str(tmp_path / "glob.png") and os.path.getsize(tmp_path / "glob.png") > 0
   with pytest.raises(SystemExit, match="no workdir matches"):
     plot.split_workdirs([f"{one},{tmp_path}/missing"])
 
@@ -284,3 +286,36 @@ def test_setup_is_idempotent(tmp_path):
   assert calls.read_text().splitlines() == first and "up to date" in res.stderr
   _launch("setup.sh", env={**env, "JAX_SPEC": "jax"}, tmp_path=tmp_path)  # a new spec reinstalls
   assert len(calls.read_text().splitlines()) > len(first)
+
+
+def test_seed_report_min_median_max_and_the_bar(tmp_path, capsys):
+  """Catches: the median of an even count taken as one middle value, a run that
+  reached the bar and fell back reported by its final eval only, an unfinished
+  run counted in min/median/max, and --seeds not expanding to seed=0..N-1."""
+  def run(name, evals, final):
+    wd = tmp_path / name
+    wd.mkdir()
+    lines = [{"step": s, "stage": "rl", "eval/success": v} for s, v in evals]
+    if final is not None:
+      lines.append({"step": evals[-1][0], "stage": "eval", "eval/success": final})
+    (wd / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines))
+    return name, str(wd)
+
+  runs = [run("seed=0", [(0, 0.5), (10, 0.96), (20, 0.80), (30, 0.97)], 0.98),
+          run("seed=1", [(0, 0.4), (10, 0.7), (20, 0.95)], 0.96),
+          run("seed=2", [(0, 0.5), (10, 0.6)], 0.70),
+          run("seed=3", [(0, 0.5), (10, 0.9)], 1.0),
+          run("seed=4", [(0, 0.5)], None)]  # unfinished
+  rep = sweep.seed_report(runs, bar=0.95)
+  assert rep["finished"] == 4 and rep["runs"] == 5
+  assert rep["eval_success"] == {"min": 0.70, "median": pytest.approx(0.97), "max": 1.0}
+  assert rep["per_run"]["seed=0"] == {"final": 0.98, "first_at_bar": 10, "min_after_bar": 0.80}
+  assert rep["per_run"]["seed=1"]["first_at_bar"] == 20 and rep["per_run"]["seed=1"]["min_after_bar"] == 0.95
+  assert rep["per_run"]["seed=2"]["first_at_bar"] is None and not rep["all_reached_bar"]
+  assert rep["per_run"]["seed=3"]["first_at_bar"] == "final"  # reached it only at the final eval
+  sweep.print_seed_report(rep)
+  assert "min 0.700, median 0.970, max 1.000" in capsys.readouterr().out
+  assert sweep.main(["--config", "configs/default.py", "--seeds", "3", "--root", str(tmp_path / "r"),
+                     "--dry_run"]) == 0
+  cmds = [x for x in capsys.readouterr().out.splitlines() if not x.startswith("#")]
+  assert [c.split("--config=")[1].split()[0] for c in cmds] == [f"configs/default.py:seed={i}" for i in range(3)]

@@ -1,4 +1,5 @@
 """experiments/study.py: the study's plan is what the report and the docs say it is."""
+import json
 import os
 import sys
 
@@ -43,7 +44,8 @@ def test_every_cell_is_a_valid_config_and_shared_cells_run_once():
 def test_dry_run_passes_the_warm_start_to_every_run(capsys):
   assert study.main(["--root", "/tmp/nowhere", "--only", "E4", "--dry_run"]) == 0
   lines = capsys.readouterr().out.strip().splitlines()
-  runs = [x for x in lines if "stage=warm" not in x and not x.startswith("#")]
+  assert json.loads(lines[-1])["runs"] == 4 * len(study.SEEDS)
+  runs = [x for x in lines[:-1] if "stage=warm" not in x and not x.startswith("#")]
   assert len(runs) == 4 * len(study.SEEDS)
   assert all("--config.init_from=/tmp/nowhere/warm/probe=bifurcation,horizon=8" in x for x in runs)
   with pytest.raises(KeyError):

@@ -1,0 +1,143 @@
+"""Every script in benchmarks/ and experiments/ runs the way a user runs it.
+
+`python benchmarks/X.py ...` from the repository root, in a fresh empty
+workdir, at its smallest size, in a subprocess with a clean environment (one
+CPU device, not the suite's 8 fake ones): it must exit 0 and print its JSON
+line last. Importing a script's functions (what the other tests do) cannot
+see what only running it shows: a script's folder comes first on sys.path, so
+a script named like a library (`benchmarks/tree.py` was found by
+tensorflow-datasets' `import tree`, and every benchmark that built demos in
+a fresh workdir died) breaks every script beside it.
+
+Breaks checked (issue 27): restoring `benchmarks/tree.py` (a copy of
+tree_rollouts.py under the old name) fails
+`test_no_script_shadows_an_importable_module` and the async_rl run (its demo
+build dies in tensorflow_datasets with "module 'tree' has no attribute
+'map_structure'"); a new script with a `__main__` block but no row below
+fails `test_every_script_is_covered`.
+"""
+from __future__ import annotations
+
+import json
+import os
+import pkgutil
+import subprocess
+import sys
+
+import pytest
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+SCRIPT_DIRS = ("benchmarks", "experiments", "launch")
+
+# script -> (arguments at its smallest size; "{w}" is a fresh workdir), slow?
+# Scripts that need another script's output get it in `test_sweep_summarize_plot`
+# and `test_report_on_a_study_root` instead.
+RUNS = {
+    "benchmarks/attention.py": (["--times", "64", "--mems", "128", "--reps", "1", "--block", "32"], False),
+    "benchmarks/scan_compile.py": (["--layers", "2", "--dim", "32", "--length", "16", "--decode_slots", "16",
+                                    "--batch", "1"], False),
+    "benchmarks/sampler.py": (["--batch", "2", "--prompt", "8", "--new", "4", "--reps", "1",
+                               "--nocache_reps", "1", "--turns", "2", "--obs", "4", "--act", "4"], False),
+    "benchmarks/learner.py": (["--layers", "1", "--seqs", "128"], True),
+    "benchmarks/async_rl.py": (["--workdir", "{w}", "--seeds", "0", "--updates", "2", "--eval_every", "1",
+                                "--eval_tasks", "8", "--sft_steps", "5", "--warmup", "0", "--actors", "2",
+                                "--tasks", "2", "--group", "2"], True),
+    "experiments/study.py": (["--root", "{w}", "--only", "E1", "--seeds", "1", "--dry_run"], False),
+}
+# Run from a copy of the repository: mutmut writes mutants/ into the folder it runs in.
+MUTATION = ["aaw", "--tests", "tests/credit/test_aaw.py", "--max-examples", "1"]
+CHAINED = {"experiments/sweep.py", "experiments/summarize.py", "experiments/plot.py", "experiments/report.py",
+           "benchmarks/mutation.py",
+           # run the same way (subprocess, fresh workdir, JSON keys checked) in its own test:
+           # tests/benchmarks/test_tree_bench.py::test_tree_benchmark_json_line
+           "benchmarks/tree_rollouts.py"}
+
+
+def user_env() -> dict:
+  env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "PYTHONPATH")}
+  env["JAX_PLATFORMS"] = "cpu"
+  return env
+
+
+def run_script(script: str, args: list[str], cwd: str = REPO, timeout: int = 1200) -> dict:
+  p = subprocess.run([sys.executable, script, *args], cwd=cwd, env=user_env(), capture_output=True,
+                     text=True, timeout=timeout)
+  assert p.returncode == 0, f"{script} exited {p.returncode}:\n{p.stderr[-4000:]}"
+  last = p.stdout.strip().splitlines()[-1]
+  return json.loads(last)
+
+
+def scripts() -> list[str]:
+  """Every .py file with a `__main__` block in the script folders."""
+  out = []
+  for d in SCRIPT_DIRS:
+    folder = os.path.join(REPO, d)
+    for f in sorted(os.listdir(folder)) if os.path.isdir(folder) else []:
+      if f.endswith(".py") and '__name__ == "__main__"' in open(os.path.join(folder, f)).read():
+        out.append(f"{d}/{f}")
+  return out
+
+
+def test_no_script_shadows_an_importable_module():
+  """A module in a script folder named like a stdlib module or an installed top-level package."""
+  installed = {m.name for m in pkgutil.iter_modules() if not os.path.abspath(str(getattr(m.module_finder, "path",
+                                                                                          ""))).startswith(REPO)}
+  taken = installed | set(sys.stdlib_module_names)
+  bad = [f"{d}/{f}" for d in SCRIPT_DIRS if os.path.isdir(os.path.join(REPO, d))
+         for f in os.listdir(os.path.join(REPO, d)) if f.endswith(".py") and f[:-3] in taken]
+  assert not bad, f"these scripts shadow an importable module of the same name: {bad}"
+
+
+def test_every_script_is_covered():
+  missing = [s for s in scripts() if s not in RUNS and s not in CHAINED]
+  assert not missing, f"scripts without a run in this test: {missing}"
+
+
+@pytest.mark.parametrize("script", [pytest.param(s, marks=pytest.mark.slow) if slow else s
+                                    for s, (_, slow) in RUNS.items()])
+def test_script_runs_from_a_fresh_workdir(script, tmp_path):
+  args = [a.replace("{w}", str(tmp_path / "work")) for a in RUNS[script][0]]
+  out = run_script(script, args)
+  assert isinstance(out, dict) and out
+
+
+@pytest.mark.slow
+def test_mutation_runs_in_a_fresh_copy(tmp_path):
+  """benchmarks/mutation.py on the smallest credit file, in a copy of the repository (as a clean clone)."""
+  files = subprocess.run(["git", "ls-files", "-co", "--exclude-standard"], cwd=REPO, capture_output=True,
+                         text=True, check=True).stdout.split()
+  copy = tmp_path / "repo"
+  for f in files:
+    src = os.path.join(REPO, f)
+    if os.path.isfile(src):
+      dst = copy / f
+      dst.parent.mkdir(parents=True, exist_ok=True)
+      dst.write_bytes(open(src, "rb").read())
+  out = run_script("benchmarks/mutation.py", MUTATION, cwd=str(copy))
+  counts = out["per_file"]["mtrl_jax/credit/aaw.py"]
+  assert counts.get("killed", 0) > 0
+
+
+@pytest.mark.slow
+def test_sweep_summarize_plot(tmp_path):
+  """A one-run sweep of the main job's smoke size, then the scripts that read it."""
+  root = tmp_path / "sweep"
+  out = run_script("experiments/sweep.py", ["--config", "configs/default.py:runlocal=true", "--grid", "seed=0",
+                                            "--root", str(root), "--config.rl.steps=2", "--config.sft.steps=5",
+                                            "--config.eval.tasks=4"])
+  assert out["finished"] == 1 and out["failed"] == 0
+  summary = run_script("experiments/summarize.py", ["--root", str(root)])
+  assert summary
+  plotted = run_script("experiments/plot.py", ["--workdir", str(root / "seed=0")])
+  assert os.path.exists(plotted["out"])
+
+
+def test_report_on_a_study_root(tmp_path):
+  """experiments/report.py over a synthetic study root (the real runs are the main job's, tested elsewhere)."""
+  sys.path.insert(0, os.path.join(REPO, "tests", "experiments"))
+  from test_report import E3, fill  # noqa: E402  (the synthetic-root writer of the report's own tests)
+  fill(tmp_path / "root", E3, lambda label: 0.5)
+  out = run_script("experiments/report.py", ["--root", str(tmp_path / "root"), "--out",
+                                             str(tmp_path / "docs" / "STUDY.md"), "--figdir",
+                                             str(tmp_path / "docs" / "study"), "--boot", "50"])
+  assert out and (tmp_path / "docs" / "STUDY.md").exists()
