@@ -39,7 +39,7 @@ def sessions():
   return out
 
 
-def _learner(pack, critic="separate", estimator="gae", agg="seq_mean_token_mean"):
+def _learner(pack, critic="separate", estimator="gae", agg="seq_mean_token_mean", lr=3e-3):
   c = shrink(default_config())
   c.critic.kind = critic
   c.rl.estimator = estimator
@@ -47,7 +47,7 @@ def _learner(pack, critic="separate", estimator="gae", agg="seq_mean_token_mean"
   c.rl.minibatches = 1
   c.rl.pack = pack
   c.rl.pack_len = 256  # sessions here are at most 128 tokens (context_cap): two or more per row
-  c.rl.lr = c.rl.critic_lr = 3e-3
+  c.rl.lr = c.rl.critic_lr = lr
   mesh = make_mesh((1, 1, 1), devices=jax.devices()[:1])
   rules = get_rules("default")
   gd, params = nnx.split(create_sharded(lambda: Transformer(MC, rngs=nnx.Rngs(0)), mesh, rules))
@@ -79,28 +79,42 @@ def test_packed_scores_equal_sessions_run_alone(sessions):
   assert np.std(alone[2][real]) > 0.01 and np.std(alone[0][real]) > 0.1
 
 
-@pytest.mark.slow
-@pytest.mark.xfail(strict=False, reason="open: the packed and unpacked updates differ on one critic "
-                   "scalar (0.00097 vs 0.00265); rl.pack is not yet shown to give the same update")
-def test_packed_update_equals_unpacked_update(sessions, critic="separate", estimator="gae"):
+def test_packed_update_equals_unpacked_update(sessions, monkeypatch, critic="separate", estimator="gae"):
   """Three epochs of one minibatch with seq_mean_token_mean: params, losses and gradient norms.
 
   Catches: segments ignored by the per-sequence aggregation (verified by not
-  passing segment_ids_bt to policy_loss), attention crossing segments, and
+  passing segment_ids_bt to policy_loss), attention crossing segments (the
+  model called without segment_ids_bt in `forward`: issue 20's break), and
   advantages computed on the packed layout instead of per session.
+
+  Why plain SGD here, not the learner's AdamW (this test was an xfail on a
+  "critic scalar" that differed, 0.00097 vs 0.00265): Adam moves every
+  coordinate by about lr * g / (|g| + eps) whatever |g| is. A coordinate whose
+  gradient is at float-noise level (the critic's bias b when the targets'
+  token mean is ~0, as the fixture's rewards made it; a rarely seen byte's
+  embedding row) then moves by up to lr per step with a sign set by summation
+  order, which differs between a packed and an unpacked row: after Adam two
+  equal updates can differ by ~lr in such coordinates, at any tolerance. The
+  packing changes only the loss and its gradients, never the optimiser, so
+  the test compares the update through SGD (linear in the gradients: float
+  noise stays float noise) and the first step's gradient norms.
   """
+  import optax
+
+  from mtrl_jax.train import optim
+  monkeypatch.setattr(optim, "adamw", lambda lr, *a, **k: optax.sgd(lr))
   out = []
   for pack in (False, True):
-    learner = _learner(pack, critic=critic, estimator=estimator)
-    p0 = jax.device_get(learner.state.policy)
+    learner = _learner(pack, critic=critic, estimator=estimator, lr=0.3)
+    p0 = jax.device_get((learner.state.policy, learner.state.critic))
     met = learner.update(sessions, step=0, epochs=3)
-    out.append((p0, jax.device_get(learner.state.policy), jax.device_get(learner.state.critic), met))
-  (p0, p_u, c_u, m_u), (_, p_p, c_p, m_p) = out
+    out.append((p0, jax.device_get((learner.state.policy, learner.state.critic)), met))
+  (p0, p_u, m_u), (_, p_p, m_p) = out
   assert m_p["update/batch_rows"] < m_u["update/batch_rows"]
   moved = max(float(np.max(np.abs(np.asarray(a) - np.asarray(b)))) for a, b in
               zip(jax.tree.leaves(p_u), jax.tree.leaves(p0)))
-  assert moved > 2e-3  # Adam steps at lr 3e-3 (warm-up): 100x the atol below
-  for a, b in zip(jax.tree.leaves((p_p, c_p)), jax.tree.leaves((p_u, c_u))):
-    np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-3, atol=2e-5)
-  for k in ("total_loss", "pg_loss", "grad_norm_policy", "grad_norm_critic", "approx_kl"):
-    np.testing.assert_allclose(m_p[k], m_u[k], rtol=2e-3, atol=1e-6, err_msg=k)
+  assert moved > 1e-2  # 100x the atol below
+  for a, b in zip(jax.tree.leaves(p_p), jax.tree.leaves(p_u)):
+    np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-4, atol=1e-4)
+  for k in ("total_loss", "pg_loss", "value_loss", "grad_norm_policy", "grad_norm_critic", "approx_kl"):
+    np.testing.assert_allclose(m_p[k], m_u[k], rtol=1e-4, atol=1e-6, err_msg=k)

@@ -1,5 +1,6 @@
 """A step whose gradients are not finite leaves the whole learner state untouched."""
 import numpy as np
+import pytest
 
 from tiny_world import flat, host, learner, sessions_v0, trees_equal
 
@@ -35,3 +36,50 @@ def test_nonfinite_gradients_leave_params_and_optimiser_state_bit_identical():
   lr = lrn.c.rl.lr
   assert np.abs(flat(moved.policy) - flat(before.policy)).max() > 0.5 * lr
   assert np.abs(flat(moved.critic) - flat(before.critic)).max() > 0.5 * lrn.c.rl.critic_lr
+
+
+def test_a_finite_loss_with_nonfinite_gradients_is_refused(monkeypatch):
+  """What a bad kernel or an overflow in the backward pass gives: the loss is
+  finite (and equal to the clean one), only the gradients are not.
+
+  A custom-VJP identity on the policy's log-probs passes values through and
+  multiplies their cotangents by inf, so the policy gradients are inf and
+  NaN (inf x 0) while the loss is unchanged. The update must be counted as non-finite and
+  leave the policy, the critic and both Adam states bit-identical.
+
+  Break checked (issue 20): `ok = jnp.isfinite(loss)` in rl_step (the
+  gradient norms not checked): the poisoned gradients are applied, the policy
+  and its Adam moments turn NaN and the state comparison fails.
+  """
+  import jax
+  import jax.numpy as jnp
+
+  import mtrl_jax.train.rl_step as rl_step
+  from tiny_world import _learner
+
+  @jax.custom_vjp
+  def poison_grad(x):
+    return x
+
+  poison_grad.defvjp(lambda x: (x, None), lambda _, g: (g * jnp.inf,))
+  real = rl_step.policy_loss
+  monkeypatch.setattr(rl_step, "policy_loss", lambda cfg, logp, *a, **k: real(cfg, poison_grad(logp), *a, **k))
+  # A learner of its own (not the cached one): its step is traced with the patch in place.
+  lrn = _learner.__wrapped__("separate", (("max_nonfinite", 99),))
+  clean = learner("separate")
+  batch = list(sessions_v0(0))
+  lrn.update(list(sessions_v0(1)), 0)  # refused as well: the state is still the initial one
+  before = host(lrn.state)
+  assert trees_equal(before.policy, clean.state.policy)
+  assert lrn.nonfinite_total == 1
+
+  met = lrn.update(batch, 1)
+  ref = clean.update(batch, 1)
+  assert np.isfinite(met["total_loss"]) and met["total_loss"] == pytest.approx(ref["total_loss"], rel=1e-6)
+  assert met["update/nonfinite_steps"] == 1 and lrn.nonfinite_total == 2
+  assert not np.isfinite(met["grad_norm_policy"])
+  after = host(lrn.state)
+  for part in ("policy", "opt_policy", "critic", "opt_critic"):
+    assert trees_equal(getattr(before, part), getattr(after, part)), part
+  # The clean learner, same batch: its policy moved by about the learning rate.
+  assert np.abs(flat(host(clean.state.policy)) - flat(before.policy)).max() > 0.5 * clean.c.rl.lr
