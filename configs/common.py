@@ -32,9 +32,10 @@ def shrink(c):
   c.demos.episodes = 64
   c.sft.steps = 20
   c.sft.batch_size = 8
-  c.value_pretrain.rounds = 2
+  c.value_pretrain.steps = 2
   c.value_pretrain.tasks_per_round = 2
   c.value_pretrain.epochs = 1
+  c.value_pretrain.minibatches = 1
   c.rl.steps = 3
   c.rl.tasks_per_update = 2
   c.rl.group_size = 4

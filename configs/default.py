@@ -17,7 +17,8 @@ from mtrl_jax.config_args import parse_args
 
 
 def get_config(arg=None):
-  a = parse_args(arg, {"length": 3, "runlocal": False, "seed": 0})
+  a = parse_args(arg, {"length": 3, "runlocal": False, "seed": 0, "penalty": 0.1})
   c = default_config(a["length"])
   c.seed = a["seed"]
+  c.env.kwargs.invalid_penalty = a["penalty"]
   return shrink(c) if a["runlocal"] else c

@@ -34,10 +34,8 @@ def get_config(arg=None):
   c.critic.kind = "separate"
   c.rl.estimator = "gae"  # value pretraining fits Monte-Carlo targets (lambda_critic = 1)
   c.rl.estimator_kwargs = {"lambda_policy": 0.95, "lambda_critic": 1.0}
-  # The value head starts at zero, so round 1's explained variance is exactly 0 and the
-  # next rounds mostly fit the mean: patience 2 stopped at round 3 with nothing learned.
-  # 16 rounds (~10 s each) reach an explained variance of ~0.15 on this warm start.
-  c.value_pretrain.update(rounds=16, tasks_per_round=8, epochs=4, patience=6)
+  # Value pretraining at its defaults (train/value_pretrain.py): Monte-Carlo targets, 32-task
+  # rounds, 160 critic steps with an optimiser of its own.
   c.rl.group_size = a["group"]
   c.rl.minibatches = 1
   c.checkpoint.every = 10**6  # save only at stage ends
@@ -53,7 +51,7 @@ def get_config(arg=None):
   ))
   if a["runlocal"]:
     shrink(c)
-    c.value_pretrain.rounds = 2
+    c.value_pretrain.update(steps=2, tasks_per_round=2, minibatches=1, epochs=1)
     c.lab.update(tasks=2, continuations=4, resamples=2, coupled_critic_rounds=1, rows_per_call=32)
     c.checkpoint.every = 10**6
   return c

@@ -20,7 +20,9 @@ Args:
   vp       value pretraining on/off for critic arms (E3)
   context  session (one sample per session) | history | markov (one sample per turn, with the
            transcript or only the current observation: MS-GRPO's layouts, E5)
-  stage    warm: build the warm start only; rl: value pretraining (critic arms), RL, final eval
+  stage    warm: build the warm start only; critic: pretrain the critic on the warm start (one per
+           probe and seed; every critic arm with vp on starts from it); rl: RL (value pretraining
+           first if no critic warm start is given), final eval
   runlocal smoke-test sizes
 """
 from configs.common import default_config, shrink
@@ -60,8 +62,8 @@ def get_config(arg=None):
     raise ValueError(f"probe={a['probe']!r}: choose one of {sorted(PROBES)}")
   if a["arm"] not in ARMS:
     raise ValueError(f"arm={a['arm']!r}: choose one of {sorted(ARMS)}")
-  if a["stage"] not in ("warm", "rl"):
-    raise ValueError(f"stage={a['stage']!r}: choose warm or rl")
+  if a["stage"] not in ("warm", "critic", "rl"):
+    raise ValueError(f"stage={a['stage']!r}: choose warm, critic or rl")
   if a["context"] not in ("session", "history", "markov"):
     raise ValueError(f"context={a['context']!r}: choose session, history or markov")
   c = default_config()
@@ -89,6 +91,14 @@ def get_config(arg=None):
     c.eval.tasks = 64
     return shrink(c) if a["runlocal"] else c
 
+  if a["stage"] == "critic":
+    # The critic every vp=on critic arm of this probe and seed starts RL with (their critics
+    # are the same network, pretrained on the same Monte-Carlo targets of the same policy).
+    c.stages = ("value_pretrain",)
+    c.critic.kind = "separate"
+    c.rl.estimator, c.rl.estimator_kwargs = "gae", {"lambda_policy": 1.0, "lambda_critic": 1.0}
+    return shrink(c) if a["runlocal"] else c
+
   est, kw, critic = ARMS[a["arm"]]
   kw = dict(kw)
   if a["lp"] >= 0:
@@ -107,7 +117,7 @@ def get_config(arg=None):
   # default 5e-4 neither grpo nor gae_lambda0.95 moved far from it (docs/STUDY.md, setup).
   c.rl.lr = 2e-3
   c.rl.decoupled = a["decoupled"]
-  c.value_pretrain.update(enabled=bool(a["vp"]), rounds=6, tasks_per_round=8, epochs=2, patience=3)
+  c.value_pretrain.update(enabled=bool(a["vp"]))  # its defaults: 160 critic steps on MC targets
   c.eval.every = 8  # evals at 0, 8, 16 (32 tasks), then the final 64-task eval stage
   c.eval.tasks = 32
   c.eval.greedy = False

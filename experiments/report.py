@@ -54,21 +54,72 @@ def load_run(workdir: str) -> dict | None:
   c = rl_curves(recs)  # drops the steps a resumed run rewrote
   steps, tokens, succ = c.get("rollout/success", ([], [], []))
   stale = [r["staleness/mean"] for r in recs if r.get("stage") == "rl" and r.get("staleness/mean") is not None]
+  rl = [r for r in recs if r.get("stage") == "rl" and r.get("ledger/turns")]
+  invalid = [r.get("ledger/invalid_actions", 0.0) / r["ledger/turns"] for r in rl]
+  critic = {k: float(np.mean(v)) for k in ("explained_variance", "oracle_explained_variance", "decision_gap",
+                                            "oracle_decision_gap")
+            if (v := [r[f"value/{k}"] for r in recs if r.get("stage") == "rl" and r.get(f"value/{k}") is not None])}
   return {"final": float(finals[-1]["eval/success"]), "auc": stats.auc(tokens, succ),
+          "invalid_max": max(invalid) if invalid else None, "critic_rl": critic,
           "curve": dict(zip(steps, zip(tokens, succ))), "tokens": c["tokens"][-1] if c["tokens"] else None,
           "staleness": float(np.mean(stale)) if stale else None,
           "wall": (_json(os.path.join(workdir, "wall.json")) or {}).get("wall_s"),
           "config": _json(os.path.join(workdir, "config.json"))}
 
 
-def cell_stats(exp, runs: dict, boot: int) -> dict:
+CRITIC_BAR = 0.8  # a pretrained critic is fit to test a claim when its EV >= this x the oracle's
+INVALID_BAR = 0.05  # an arm "lost the action format" when invalid actions exceed this share of turns
+
+
+def load_critic(workdir: str) -> dict | None:
+  """A critic warm start's final readout (value pretraining's last, held-out batch), or None."""
+  if not os.path.isfile(os.path.join(workdir, "metrics.jsonl")):
+    return None
+  final = [r for r in read_metrics(workdir) if r.get("value_pretrain/final")]
+  if not final:
+    return None
+  r = final[-1]
+  out = {k: r.get(f"value_pretrain/{k}") for k in ("explained_variance", "oracle_explained_variance", "r2",
+                                                    "decision_gap", "oracle_decision_gap", "critic_steps")}
+  ev, oracle = out["explained_variance"], out["oracle_explained_variance"]
+  out["ratio"] = ev / oracle if ev is not None and oracle else None
+  out["fit"] = out["ratio"] is not None and out["ratio"] >= CRITIC_BAR
+  return out
+
+
+def critics(root: str) -> dict:
+  """(warm start, seed) -> critic readout, for every critic warm start under ROOT/warm/."""
+  out = {}
+  for d in sorted(glob.glob(os.path.join(root, "warm", "*,critic,seed=*"))):
+    warm, _, seed = os.path.basename(d).rpartition(",critic,seed=")
+    out[(warm, int(seed))] = load_critic(d)
+  return out
+
+
+def cell_critic(cell, crit: dict) -> dict | None:
+  """The pretrained critics a cell's runs started from: their readouts over seeds, or None (no critic warm start)."""
+  from study import critic_warm
+  got = [crit.get((cell.warm, s)) for s in SEEDS if critic_warm(cell, s)]
+  if not got:
+    return None
+  done = [g for g in got if g]
+  mean = lambda k: float(np.mean([g[k] for g in done if g.get(k) is not None])) if done else None  # noqa: E731
+  return {"n": len(done), "ev": mean("explained_variance"), "oracle": mean("oracle_explained_variance"),
+          "ratio": mean("ratio"), "fit_seeds": sum(bool(g["fit"]) for g in done), "seeds": len(got)}
+
+
+def cell_stats(exp, runs: dict, boot: int, crit: dict | None = None) -> dict:
   """label -> the cell's finished runs, missing run names and its estimates over seeds."""
   out = {}
   for cell in exp.cells:
     names = [f"{cell.name},seed={s}" for s in SEEDS]
     done = [runs[n] for n in names if runs[n] is not None]
-    vals = {k: [r[k] for r in done if r[k] is not None] for k in ("final", "auc", "tokens", "staleness", "wall")}
+    vals = {k: [r[k] for r in done if r.get(k) is not None]
+            for k in ("final", "auc", "tokens", "staleness", "wall", "invalid_max")}
+    rl_critic = {k: [r["critic_rl"][k] for r in done if k in r.get("critic_rl", {})]
+                 for k in ("explained_variance", "oracle_explained_variance")}
     out[cell.label] = {"cell": cell, "runs": done, "missing": [n for n in names if runs[n] is None], **vals,
+                       "critic": cell_critic(cell, crit or {}), "critic_rl": rl_critic,
                        "final_est": stats.bootstrap_ci(vals["final"], boot),
                        "auc_est": stats.bootstrap_ci(vals["auc"], boot)}
   return out
@@ -121,19 +172,75 @@ def cell_table(exp, cs: dict) -> str:
   return _table(header, rows)
 
 
+def untested_because(cs: dict, *labels) -> str | None:
+  """Why a comparison cannot test its claim: a pretrained critic below the bar, or None."""
+  weak = [f"`{lab}`'s critic EV {c['ev']:.2f} = {c['ratio']:.2f} x the oracle's {c['oracle']:.2f}"
+          for lab in labels if (c := cs[lab]["critic"]) and c["ratio"] is not None and c["ratio"] < CRITIC_BAR]
+  missing = [f"`{lab}` has no critic readout" for lab in labels
+             if (c := cs[lab]["critic"]) and c["n"] == 0 and cs[lab]["runs"]]
+  why = weak + missing
+  return "; ".join(why) + f" (bar: {CRITIC_BAR} x the oracle's EV before RL)" if why else None
+
+
 def judge(exp, cs: dict, boot: int) -> tuple[str, list[dict]]:
+  """The experiment's verdict over its tested comparisons; a comparison whose critic did not
+  reach the bar is "not tested" and counts neither way."""
   comps = []
   for a, b in exp.comparisons:
     comps.append({"a": a, "b": b, "final": stats.compare(cs[a]["final"], cs[b]["final"], boot),
-                  "auc": stats.compare(cs[a]["auc"], cs[b]["auc"], boot)})
-  return stats.verdict([(c["final"], c["auc"]) for c in comps]), comps
+                  "auc": stats.compare(cs[a]["auc"], cs[b]["auc"], boot), "untested": untested_because(cs, a, b)})
+  tested = [c for c in comps if not c["untested"]]
+  if comps and not tested:
+    return "not tested", comps
+  return stats.verdict([(c["final"], c["auc"]) for c in tested]), comps
+
+
+def comparison_verdict(c: dict) -> str:
+  if c["untested"]:
+    return "not tested"
+  return stats.verdict([(c["final"], c["auc"])])
+
+
+def critic_table(cs: dict) -> str:
+  """Every critic cell's critic: before RL (the pretrained warm start) and during RL, beside the oracle."""
+  rows = []
+  for label, s in cs.items():
+    pre, rl = s["critic"], s["critic_rl"]
+    if pre is None and not rl["explained_variance"]:
+      continue
+    fmt = lambda x: "—" if x is None else f"{x:.2f}"  # noqa: E731
+    rows.append([label,
+                 "no (vp off)" if pre is None else f"{pre['n']} of {pre['seeds']}",
+                 fmt(pre and pre["ev"]), fmt(pre and pre["oracle"]), fmt(pre and pre["ratio"]),
+                 "—" if pre is None else f"{pre['fit_seeds']} of {pre['n']}",
+                 _mean(rl["explained_variance"], "{:.2f}"), _mean(rl["oracle_explained_variance"], "{:.2f}")])
+  if not rows:
+    return ""
+  return ("Critics (explained variance of Monte-Carlo returns, held out; oracle = the mean return of the "
+          "sessions sharing the turn and the turn-0 decision, cross-fitted, train/critic_readout.py). "
+          f"\"Before RL\": the critic warm start each run started from; a critic is fit when its EV reaches "
+          f"{CRITIC_BAR} x the oracle's. \"During RL\": the mean over the run's updates, scored before each "
+          "update.\n\n" + _table(["cell", "pretrained critic", "EV before RL", "oracle EV", "EV / oracle",
+                                   "seeds at the bar", "EV during RL", "oracle EV during RL"], rows))
 
 
 def verdict_sentence(exp, verdict: str, comps: list[dict], cs: dict) -> str:
-  parts = [f"{c['a']} vs {c['b']}: final {_ci(cs[c['a']]['final_est'])} vs {_ci(cs[c['b']]['final_est'])} "
-           f"({c['final']}), AUC {_ci(cs[c['a']]['auc_est'])} vs {_ci(cs[c['b']]['auc_est'])} ({c['auc']})"
-           for c in comps]
+  parts = [f"{c['a']} vs {c['b']}: " + (f"not tested ({c['untested']})" if c["untested"] else
+           f"final {_ci(cs[c['a']]['final_est'])} vs {_ci(cs[c['b']]['final_est'])} ({c['final']}), "
+           f"AUC {_ci(cs[c['a']]['auc_est'])} vs {_ci(cs[c['b']]['auc_est'])} ({c['auc']})") for c in comps]
   return f"**{exp.id}: {verdict}** ({exp.title}): " + "; ".join(parts) + "."
+
+
+def format_check(cs: dict) -> str:
+  """Which cells lost the action format on some seed (invalid actions above the bar in an update)."""
+  lost = [f"`{label}` ({sum(x > INVALID_BAR for x in s['invalid_max'])} of {len(s['invalid_max'])} seeds, "
+          f"worst {max(s['invalid_max']):.0%} of turns)" for label, s in cs.items()
+          if s["invalid_max"] and max(s["invalid_max"]) > INVALID_BAR]
+  if not lost:
+    return (f"Action format: every run kept invalid actions at or below {INVALID_BAR:.0%} of turns in every "
+            "update.")
+  return (f"Action format lost (invalid actions above {INVALID_BAR:.0%} of turns in some update): "
+          + "; ".join(lost) + ".")
 
 
 def figure(exp, cs: dict, path: str) -> None:
@@ -186,7 +293,9 @@ def section(exp, cs: dict, verdict: str, comps: list[dict], fig_rel: str, root: 
           if walls else "not recorded")
   cells = "; ".join(f"`{label}` = `{s['cell'].name}`" for label, s in cs.items())
   judged = [[f"{c['a']} > {c['b']}", _ci(cs[c["a"]]["final_est"]), _ci(cs[c["b"]]["final_est"]), c["final"],
-             _ci(cs[c["a"]]["auc_est"]), _ci(cs[c["b"]]["auc_est"]), c["auc"]] for c in comps]
+             _ci(cs[c["a"]]["auc_est"]), _ci(cs[c["b"]]["auc_est"]), c["auc"], comparison_verdict(c)]
+            for c in comps]
+  crit = critic_table(cs)
   return "\n".join([
       f"## {exp.id}: {exp.title}", "",
       f"**Question.** {exp.question}", "",
@@ -197,10 +306,13 @@ def section(exp, cs: dict, verdict: str, comps: list[dict], fig_rel: str, root: 
       f"{_tok([t for s in cs.values() for t in s['tokens']])} tokens per run; CPU wall time {wall}.", "",
       f"Cells: {cells}.", "",
       cell_table(exp, cs), "",
+      *([crit, ""] if crit else []),
+      format_check(cs), "",
       f"![{exp.id}]({fig_rel})", "",
       "Claimed comparisons (A > B), judged on each metric: A>B / B>A when the 95% intervals are disjoint, "
-      f"overlap otherwise, n/a under {stats.MIN_N} seeds a side.", "",
-      _table(["claim", "final A", "final B", "final", "AUC A", "AUC B", "AUC"], judged), "",
+      f"overlap otherwise, n/a under {stats.MIN_N} seeds a side; \"not tested\" when a critic the claim "
+      "relies on did not reach the bar.", "",
+      _table(["claim", "final A", "final B", "final", "AUC A", "AUC B", "AUC", "verdict"], judged), "",
       verdict_sentence(exp, verdict, comps, cs), "",
       *([f"<details><summary>missing runs ({len(missing)})</summary>\n\n" + "\n".join(f"- `{m}`" for m in missing)
          + "\n\n</details>", ""] if missing else [])])
@@ -259,6 +371,28 @@ def lab_plot(root: str, figdir: str, rel: str) -> str:
                    "items (|A*| must also exceed 1e-6), so the turn-0 choice (the farthest distance) "
                    "carries the measurement.")
   return "\n\n".join(out)
+
+
+def critic_warm_table(crit: dict) -> str:
+  """One row per critic warm start: the pretrained critic against the oracle, and the bar."""
+  if not crit:
+    return "No critic warm start in this root."
+  fmt = lambda x: "—" if x is None else f"{x:.3f}"  # noqa: E731
+  rows = []
+  for (warm, seed), r in sorted(crit.items()):
+    kv = dict(p.split("=", 1) for p in warm.split(",") if "=" in p)
+    if r is None:
+      rows.append([kv.get("probe"), kv.get("horizon"), seed, "unfinished", "", "", "", "", "", ""])
+      continue
+    rows.append([kv.get("probe"), kv.get("horizon"), seed, r.get("critic_steps"), fmt(r["explained_variance"]),
+                 fmt(r["oracle_explained_variance"]), fmt(r["ratio"]), fmt(r["decision_gap"]),
+                 fmt(r["oracle_decision_gap"]), "yes" if r["fit"] else "**no**"])
+  return (f"Value pretraining (train/value_pretrain.py) of the critic each critic arm starts RL with, scored "
+          f"on a fresh held-out batch after the last fit: explained variance of Monte-Carlo returns, the "
+          f"oracle critic's on the same batch, their ratio (bar: {CRITIC_BAR}), and the value gap between the "
+          f"two turn-0 decisions (critic vs oracle; an arm-blind critic has a gap near 0).\n\n"
+          + _table(["probe", "horizon", "seed", "critic steps", "EV", "oracle EV", "EV / oracle", "decision gap",
+                    "oracle gap", "at the bar"], rows))
 
 
 def _sig(res: dict, d: int):
@@ -336,17 +470,26 @@ def report(root: str, out: str, figdir: str, boot: int = stats.BOOT, date: str |
   rel = os.path.relpath(figdir, os.path.dirname(os.path.abspath(out)))
   names = {f"{c.name},seed={s}" for e in EXPERIMENTS for c in e.cells for s in SEEDS}
   runs = {n: load_run(os.path.join(root, "runs", n)) for n in sorted(names)}
+  crit = critics(root)
   result, sections, headline = {}, [], []
   for exp in EXPERIMENTS:
-    cs = cell_stats(exp, runs, boot)
+    cs = cell_stats(exp, runs, boot, crit)
+    if not any(s["runs"] for s in cs.values()):
+      headline.append(f"- **{exp.id}** {exp.title}: not run in this study root")
+      result[exp.id] = {"verdict": "not run", "cells": {}}
+      continue
     verdict, comps = judge(exp, cs, boot)
     figure(exp, cs, os.path.join(figdir, f"{exp.id}.png"))
     sections.append(section(exp, cs, verdict, comps, f"{rel}/{exp.id}.png", root))
-    won = sum("A>B" in (c["final"], c["auc"]) for c in comps)
-    lost = sum("B>A" in (c["final"], c["auc"]) for c in comps)
-    headline.append(f"- **{exp.id}** {exp.title}: **{verdict}** ({won} of {len(comps)} claimed comparisons "
-                    f"won on final success or AUC, {lost} reversed)")
-    result[exp.id] = {"verdict": verdict, "cells": {label: {
+    tested = [c for c in comps if not c["untested"]]
+    won = sum("A>B" in (c["final"], c["auc"]) for c in tested)
+    lost = sum("B>A" in (c["final"], c["auc"]) for c in tested)
+    untested = len(comps) - len(tested)
+    headline.append(f"- **{exp.id}** {exp.title}: **{verdict}** ({won} of {len(tested)} tested comparisons "
+                    f"won on final success or AUC, {lost} reversed"
+                    + (f"; {untested} not tested: critic below the bar" if untested else "") + ")")
+    result[exp.id] = {"verdict": verdict, "comparisons": {f"{c['a']} > {c['b']}": comparison_verdict(c)
+                                                          for c in comps}, "cells": {label: {
         "n": len(s["final"]), "final": s["final_est"].mean if s["final_est"] else None,
         "final_ci": [s["final_est"].lo, s["final_est"].hi] if s["final_est"] else None,
         "auc": s["auc_est"].mean if s["auc_est"] else None} for label, s in cs.items()}}
@@ -356,6 +499,7 @@ def report(root: str, out: str, figdir: str, boot: int = stats.BOOT, date: str |
                       "<!-- headline -->\n" + "\n".join(headline) + "\n<!-- /headline -->",
                       cost(root, runs),
                       "## Probe tasks: how often the warm start already succeeds\n\n" + probe_table(root),
+                      "## The critics before RL\n\n" + critic_warm_table(crit),
                       "## Credit-accuracy lab\n\n" + lab_plot(root, figdir, rel), *sections])
   os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
   with open(out, "w") as f:

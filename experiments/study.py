@@ -15,6 +15,14 @@ in metrics.jsonl) and resumes the others from their checkpoints.
 
 The probe table (`--probes`) builds the warm start of every probe task and
 reports how often it succeeds: how much the study leaves RL to fix.
+
+Critic arms with value pretraining on start from a *critic warm start*,
+ROOT/warm/<probe>,horizon=<h>,critic,seed=<s>: the probe's policy warm start
+plus a critic pretrained on it (Monte-Carlo targets, train/value_pretrain.py).
+Their critics are the same network fitted to the same targets of the same
+policy, so one per probe and seed serves every such arm (built after the
+policy warm starts, before the runs); its metrics hold the critic readout
+the report puts beside every critic result.
 """
 from __future__ import annotations
 
@@ -219,9 +227,29 @@ def warm_command(python: str, root: str, warm: str) -> tuple[list[str], str]:
   return command(python, f"{CONFIG}:{warm},stage=warm", workdir, []), workdir
 
 
+CRITIC_ARMS = {"gae_lambda0.95", "gae_lambda1", "gae_decoupled", "gae_length_adaptive", "turn_gae", "bilevel_gae"}
+
+
+def critic_warm(cell: Cell, seed: int) -> str | None:
+  """The critic warm start a run starts from (critic arms with value pretraining on), or None."""
+  full = {**DEFAULTS, **cell.args}
+  if full["arm"] not in CRITIC_ARMS or not full["vp"]:
+    return None
+  return f"{cell.warm},critic,seed={seed}"
+
+
+def critic_command(python: str, root: str, name: str) -> tuple[list[str], str]:
+  """Value pretraining of one probe's critic at one seed, from the probe's policy warm start."""
+  warm, _, seed = name.rpartition(",critic,seed=")
+  workdir = os.path.join(root, "warm", name)
+  return command(python, f"{CONFIG}:{warm},stage=critic,seed={seed}", workdir,
+                 [f"--config.init_from={os.path.join(root, 'warm', warm)}"]), workdir
+
+
 def run_command(python: str, root: str, name: str, cell: Cell, extra: list[str]) -> tuple[list[str], str]:
   workdir = os.path.join(root, "runs", name)
-  warm = os.path.join(root, "warm", cell.warm)
+  seed = int(name.rsplit("seed=", 1)[1])
+  warm = os.path.join(root, "warm", critic_warm(cell, seed) or cell.warm)
   return command(python, f"{CONFIG}:{name}", workdir, [f"--config.init_from={warm}", *extra]), workdir
 
 
@@ -287,12 +315,16 @@ def main(argv=None) -> int:
   runs = planned_runs(ids, tuple(range(a.seeds)))
   warms = sorted({c.warm for c in runs.values()} | ({warm_name(*pr) for pr in PROBES} if a.probes else set()))
   warm_jobs = [(w, *warm_command(a.python, root, w)) for w in warms]
+  critics = sorted({cw for n, c in runs.items() if (cw := critic_warm(c, int(n.rsplit("seed=", 1)[1])))})
+  critic_jobs = [(w, *critic_command(a.python, root, w)) for w in critics]
   run_jobs = [(n, *run_command(a.python, root, n, c, rest)) for n, c in sorted(runs.items())]
   if a.dry_run:
-    for _, cmd, _ in warm_jobs + run_jobs:
+    for _, cmd, _ in warm_jobs + critic_jobs + run_jobs:
       print(" ".join(cmd))
-    print(f"# {len(warm_jobs)} warm starts, {len(run_jobs)} runs; cwd {REPO}")
-    print(json.dumps({"dry_run": True, "warm_starts": len(warm_jobs), "runs": len(run_jobs)}))
+    print(f"# {len(warm_jobs)} warm starts, {len(critic_jobs)} critic warm starts, {len(run_jobs)} runs; "
+          f"cwd {REPO}")
+    print(json.dumps({"dry_run": True, "warm_starts": len(warm_jobs), "critic_warm_starts": len(critic_jobs),
+                      "runs": len(run_jobs)}))
     return 0
   os.makedirs(root, exist_ok=True)
   # JAX's persistent compilation cache, shared by the runs: every run compiles the same
@@ -311,8 +343,15 @@ def main(argv=None) -> int:
     print(f"study: warm starts failed: {failed}; relaunch to retry", file=sys.stderr)
     print(json.dumps({"warm_starts": len(warm_jobs), "warm_failed": failed}))
     return 1
+  critic_todo = [j for j in critic_jobs if not _critic_done(j[2])]
+  print(f"study: {len(critic_todo)} of {len(critic_jobs)} critic warm starts to build", flush=True)
+  failed = _pool(critic_todo, a.parallel, "critic")
+  if failed:
+    print(f"study: critic warm starts failed: {failed}; relaunch to retry", file=sys.stderr)
+    print(json.dumps({"warm_starts": len(warm_jobs), "critic_failed": failed}))
+    return 1
   if a.warm_only:
-    print(json.dumps({"warm_starts": len(warm_jobs), "warm_failed": []}))
+    print(json.dumps({"warm_starts": len(warm_jobs), "critic_warm_starts": len(critic_jobs), "warm_failed": []}))
     return 0
   todo = [j for j in run_jobs if not is_done(j[2])]
   if a.lab:
@@ -330,6 +369,11 @@ def main(argv=None) -> int:
   print(f"study: done; python experiments/report.py --root {root}")
   print(json.dumps(summary))
   return 0
+
+
+def _critic_done(workdir: str) -> bool:
+  """A critic warm start is done when value pretraining wrote its final readout."""
+  return any(r.get("value_pretrain/final") for r in read_metrics(workdir))
 
 
 def _warm_done(workdir: str) -> bool:

@@ -55,10 +55,17 @@ def base_config() -> ml_collections.ConfigDict:
       pack=False,  # several demos per row (attention kept inside each demo)
   ))
 
+  # Value pretraining (train/value_pretrain.py): the critic fitted on the frozen warm-start
+  # policy's returns before RL, with an optimiser of its own (RL's critic optimiser starts fresh).
   c.value_pretrain = ml_collections.ConfigDict(dict(
-      enabled=True, rounds=20, tasks_per_round=8, epochs=4,  # the critic's optimiser is rl.critic_lr
-      patience=3,  # rounds without explained-variance improvement before stopping
-      min_delta=0.005,
+      enabled=True,
+      steps=160,  # the budget: critic optimiser steps (rounds x epochs x minibatches)
+      tasks_per_round=32,  # each round plays this many fresh tasks x rl.group_size sessions
+      epochs=2, minibatches=4,
+      lr=1e-3, warmup_steps=5,  # constant after the warm-up
+      targets="mc",  # mc: Monte-Carlo return-to-go (VC-PPO) | estimator: the RL estimator's critic targets
+      patience=0,  # rounds without held-out R^2 gain > min_delta before stopping; 0 = spend the budget
+      min_delta=0.01,
   ))
 
   c.rollout = ml_collections.ConfigDict(dict(
@@ -179,10 +186,25 @@ def validate(c: ml_collections.ConfigDict, num_devices: int | None = None) -> No
          f"must be () (automatic) or a (data, fsdp, tensor) shape, got {tuple(c.rollout.local_mesh)}")
   import jax
   hosts = jax.process_count()
+  v = c.value_pretrain
+  _positive(c, "value_pretrain.steps", "value_pretrain.tasks_per_round", "value_pretrain.epochs",
+            "value_pretrain.minibatches", "value_pretrain.lr")
+  _check(v.targets in ("mc", "estimator"), "value_pretrain.targets", f"{v.targets!r} not in ('mc', 'estimator')")
+  _check(v.patience >= 0, "value_pretrain.patience", f"must be >= 0 (0 = spend the budget), got {v.patience}")
+  _check(v.warmup_steps >= 0, "value_pretrain.warmup_steps", f"must be >= 0, got {v.warmup_steps}")
   for f in ("rl.tasks_per_update", "value_pretrain.tasks_per_round"):
     n = c.rl.tasks_per_update if f.startswith("rl") else c.value_pretrain.tasks_per_round
     _check(n >= hosts, f, f"{n} groups cannot be shared by {hosts} processes (each plays whole groups); "
            f"use at least {hosts}, ideally a multiple")
+  from mtrl_jax.train.source import HELD_OUT_SEEDS
+  lo, hi = HELD_OUT_SEEDS.start, HELD_OUT_SEEDS.stop
+  n_eval = max(int(c.eval.tasks), 64)  # the final eval stage plays at least 64
+  _check(lo <= c.eval.seed_offset and c.eval.seed_offset + n_eval <= hi, "eval.seed_offset",
+         f"evaluation must play held-out task seeds, in [{lo}, {hi}) (training never draws them); "
+         f"got seeds {c.eval.seed_offset}..{c.eval.seed_offset + n_eval - 1}")
+  _check(c.seed + c.demos.episodes <= lo or c.seed >= hi, "demos.episodes",
+         f"demo episodes use seeds config.seed + i = {c.seed}..{c.seed + c.demos.episodes - 1}, which reach "
+         f"the held-out evaluation seeds [{lo}, {hi})")
   _check(c.asynchronous.eta >= 0, "asynchronous.eta", f"must be >= 0, got {c.asynchronous.eta}")
   _check(c.asynchronous.actors >= 1, "asynchronous.actors", f"must be >= 1, got {c.asynchronous.actors}")
 

@@ -138,6 +138,17 @@ class Env(abc.ABC):
   def _step(self, action: str) -> Step:
     ...
 
+  @staticmethod
+  def first_decision(action: str) -> str | None:
+    """What the turn-0 action decided, for env-agnostic readouts (None: nothing declared).
+
+    A probe whose future return depends only on its first choice (`bifurcation`'s
+    arm, `memory`'s peek) names that choice here; the critic readout
+    (train/critic_readout.py) builds its oracle critic from it.
+    """
+    del action
+    return None
+
   @abc.abstractmethod
   def expert_action(self) -> str:
     """The scripted expert's action at the current state."""

@@ -84,6 +84,10 @@ class Bifurcation(Env):
     return Step("paid" if paid else "unpaid", 1.0 if paid else 0.0, True, False,
                 {"invalid_action": a != "done", "success": paid})
 
+  @staticmethod
+  def first_decision(action: str) -> str:
+    return "left" if action.strip() == "left" else "right"  # anything else plays the free arm
+
   def expert_action(self) -> str:
     t = self.turn
     if t == 0:

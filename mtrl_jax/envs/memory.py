@@ -31,7 +31,8 @@ class Memory(Env):
   """Peek-or-skip, `length` distractor turns, then recall the code."""
 
   def __init__(self, length: int = 3, num_codes: int = 10, peek_cost: float = 0.05,
-               distractor: str = "echo", hint: bool = False, code_alphabet: str = "digits"):
+               distractor: str = "echo", hint: bool = False, code_alphabet: str = "digits",
+               invalid_penalty: float = 0.0):
     """
     Args:
       length: distractor turns between the choice and the question (>= 0).
@@ -45,6 +46,12 @@ class Memory(Env):
         turn-0 choice still decides the outcome `length + 1` turns later (the
         credit question), but recall over the distractors is not needed: for
         models too small to learn long-range copying in minutes.
+      invalid_penalty: paid (as -invalid_penalty) for every invalid action (a wrong
+        echo, a turn-0 reply that is neither peek nor skip, an answer outside the
+        code alphabet). With an outcome-only reward nothing holds the echo turns
+        in place: RL lets them drift, and the drift spoils the copy the final
+        answer needs. The penalty keeps the format; the turn-0 choice still
+        decides the outcome turns later.
     """
     if length < 0:
       raise ValueError(f"memory: length must be >= 0, got {length}")
@@ -57,6 +64,9 @@ class Memory(Env):
                        f"{code_alphabet!r}, got {num_codes}")
     if distractor not in ("echo", "wait"):
       raise ValueError(f"memory: distractor must be 'echo' or 'wait', got {distractor!r}")
+    if invalid_penalty < 0:
+      raise ValueError(f"memory: invalid_penalty must be >= 0, got {invalid_penalty}")
+    self.invalid_penalty = float(invalid_penalty)
     self.length = length
     self.codes = symbols[:num_codes]
     self.peek_cost = float(peek_cost)
@@ -69,6 +79,9 @@ class Memory(Env):
     if t <= self.length:
       return f"say {self.tokens[t - 1]}" if self.distractor == "echo" else "wait"
     return f"answer? {self.code}" if self.hint and self.peeked else "answer?"
+
+  def _penalty(self, invalid: bool) -> float:
+    return self.invalid_penalty if invalid else 0.0
 
   def _reset(self, seed: int) -> Reset:
     self.code = self.rng.choice(self.codes)
@@ -87,13 +100,20 @@ class Memory(Env):
       self.peeked = a == "peek"
       reveal = f"code {self.code}" if self.peeked else "no code"
       reward = -self.peek_cost if self.peeked else 0.0
-      return Step(f"{reveal} {self._cue(1)}", reward, False, False, {"invalid_action": invalid})
+      return Step(f"{reveal} {self._cue(1)}", reward - self._penalty(invalid), False, False,
+                  {"invalid_action": invalid})
     if t <= self.length:
       invalid = self.distractor == "echo" and a != self.tokens[t - 1]
-      return Step(self._cue(t + 1), 0.0, False, False, {"invalid_action": invalid})
+      return Step(self._cue(t + 1), -self._penalty(invalid), False, False, {"invalid_action": invalid})
     correct = a == self.code
-    info = {"invalid_action": a not in self.codes, "success": correct}
-    return Step("right" if correct else "wrong", 1.0 if correct else 0.0, True, False, info)
+    invalid = a not in self.codes
+    info = {"invalid_action": invalid, "success": correct}
+    return Step("right" if correct else "wrong", (1.0 if correct else 0.0) - self._penalty(invalid),
+                True, False, info)
+
+  @staticmethod
+  def first_decision(action: str) -> str:
+    return "peek" if action.strip() == "peek" else "skip"  # anything else reveals nothing
 
   def expert_action(self) -> str:
     t = self.turn

@@ -65,6 +65,17 @@ def names() -> list[str]:
   return sorted(_REGISTRY)
 
 
+def first_decision_fn(name: str) -> Callable[[str], str | None] | None:
+  """The registered env's `first_decision` (see Env), or None if it declares none."""
+  _load_builtins()
+  factory = _REGISTRY.get(name)
+  fn = getattr(factory, "first_decision", None)
+  from mtrl_jax.envs.base import Env
+  if fn is None or fn is Env.first_decision:
+    return None
+  return fn
+
+
 def check_kwargs(name: str, factory: Callable, kwargs: dict) -> None:
   """Raises a ValueError naming each keyword `factory` does not accept."""
   params = inspect.signature(factory).parameters

@@ -133,13 +133,15 @@ def bootstrap(sessions, rng: np.random.Generator) -> list[int]:
 
 
 def fit_coupled_critic(run, rounds: int) -> None:
-  """Value pretraining, continued for `rounds` rounds on lambda_critic = 0.95 targets."""
+  """Value pretraining continued for `rounds` rounds on lambda = 0.95 (bootstrapped) targets."""
   L = run.learner
   L.estimator = credit_registry.make_advantage_fn("gae", lambda_policy=0.95, lambda_critic=0.95)
   L._adv = jax.jit(L.estimator)
-  run.c.value_pretrain.rounds = rounds
-  run.c.value_pretrain.patience = rounds
-  run.meta.update(stage=None, stage_step=0, vp_best=-np.inf, vp_since=0)
+  v = run.c.value_pretrain
+  v.targets = "estimator"
+  v.steps = rounds * v.epochs * v.minibatches
+  v.patience = 0
+  run.meta.update(stage=None, stage_step=0, vp_best=-np.inf, vp_since=0, vp_steps=0)
   run.save = lambda *args, **kw: None  # this critic is the lab's own: never into the workdir's checkpoint
   run.stage_value_pretrain()
 

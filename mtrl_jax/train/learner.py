@@ -31,7 +31,10 @@ from mtrl_jax.rollout.packing import PackedBatch, pack_sessions
 from mtrl_jax.rollout.row_packing import RowPlan, pack_per_sample, pack_rows, plan_rows, unpack_rows
 from mtrl_jax.rollout.session import Session
 from mtrl_jax.train import optim
-from mtrl_jax.train.rl_step import LearnerState, RLBatch, StepFlags, make_rl_step, make_score_fn
+from mtrl_jax.envs import registry as env_registry
+from mtrl_jax.train import critic_readout
+from mtrl_jax.train.rl_step import (LearnerState, RLBatch, StepFlags, make_rl_step, make_score_fn,
+                                    make_values_fn)
 
 CRITIC_ESTIMATORS = ("gae", "turn_gae", "bilevel_gae")
 
@@ -89,6 +92,9 @@ class Learner:
                          out_shardings=(self.state_sh, rep), donate_argnums=(0,))
     # Replicated outputs: every host reads the whole batch's scores (multi-host included).
     self._score = jax.jit(make_score_fn(policy_gd, critic_gd), out_shardings=rep)
+    self._values = (jax.jit(make_values_fn(policy_gd, critic_gd), out_shardings=rep)
+                    if critic_gd is not None or self.head_critic else None)
+    self.decision_fn = env_registry.first_decision_fn(c.env.name)
     self._adv = jax.jit(self.estimator)
     self._mc_targets = jax.jit(monte_carlo_targets)
 
@@ -101,9 +107,10 @@ class Learner:
     """The bare Transformer's params (without a value head) for the sampler."""
     return self.state.policy["policy"] if self.head_critic else self.state.policy
 
-  def _pack(self, sessions: Sequence[Session]) -> PackedBatch:
+  def _pack(self, sessions: Sequence[Session], multiple: int | None = None) -> PackedBatch:
+    """Sessions as one padded batch; rows a multiple of `multiple` (default rl.minibatches) x data shards."""
     rl = self.c.rl
-    multiple = rl.minibatches * num_batch_shards(self.mesh, self.rules)
+    multiple = (rl.minibatches if multiple is None else int(multiple)) * num_batch_shards(self.mesh, self.rules)
     # Lengths in steps of 64: power-of-two buckets would double the work of
     # a batch that is just over a boundary; a handful of shapes still compile.
     buckets = tuple(range(64, self.c.rollout.context_cap + 64, 64))
@@ -147,6 +154,25 @@ class Learner:
       return tuple(np.asarray(x) for x in out)
     return tuple(unpack_rows(x, plan, pb.tokens_bt.shape[1]) for x in out)
 
+  def mc_targets(self, pb: PackedBatch) -> np.ndarray:
+    """Undiscounted return-to-go on every action token of a packed batch ([B, T], host)."""
+    return np.asarray(self._mc_targets(credit_batch(pb)))
+
+  def critic_values(self, pb: PackedBatch) -> np.ndarray:
+    """The critic's values [B, T] on a packed batch (one session per row), without the policy's log-probs."""
+    with sharding_context(self.mesh, self.rules):
+      dev = self._put((pb.tokens_bt, pb.positions_bt))
+      critic = self.state.critic if self.critic_gd is not None else None
+      return np.asarray(jax.device_get(self._values(self.state.policy, critic, *dev)))
+
+  def critic_readout(self, sessions: Sequence[Session], pb: PackedBatch, values_bt) -> dict:
+    """train/critic_readout.py on a batch: the critic (values scored before any fit on it) against
+    Monte-Carlo return-to-go, and on probes that declare their decision, the oracle critic."""
+    mc = self.mc_targets(pb)
+    first = [sessions[i].turns[0].action if i >= 0 and sessions[i].turns else None for i in pb.session_index_b]
+    return critic_readout.readout(values_bt, mc, pb.loss_mask_bt, pb.turn_idx_bt, first_actions_b=first,
+                                  group_b=pb.group_id_b, decision_fn=self.decision_fn)
+
   def rl_batch(self, pb: PackedBatch, plan: Optional[RowPlan], prox, ref, adv, target, values) -> RLBatch:
     """The update's per-token fields ([B, T] host arrays) in the layout the step trains on."""
     per_token = dict(
@@ -169,11 +195,7 @@ class Learner:
     if rl.kl_coef and rl.kl_mode == "reward" and self.ref_params is not None:
       reward = kl_reward_penalty(reward, logp_bt, ref_logp_bt, jnp.asarray(pb.loss_mask_bt),
                                  coef=rl.kl_coef, kind=rl.kl_type)
-    batch = CreditBatch(
-        reward_bt=reward, loss_mask_bt=jnp.asarray(pb.loss_mask_bt),
-        turn_idx_bt=jnp.asarray(pb.turn_idx_bt), group_id_b=jnp.asarray(pb.group_id_b),
-        episode_id_b=jnp.asarray(pb.episode_id_b), tree_id_b=jnp.asarray(pb.tree_id_b),
-        return_b=jnp.asarray(pb.return_b), value_bt=values_bt if self.has_values else None)
+    batch = credit_batch(pb, values_bt if self.has_values else None)._replace(reward_bt=reward)
     adv, target = self._adv(batch)
     if target is None:
       target = self._mc_targets(batch)
@@ -222,9 +244,11 @@ class Learner:
       stats["aaw/episodes_drawn"] = len(drawn)
     rows = full.tokens_bt.shape[0]
     if self.has_values:
-      # Held-out fit of the critic: values from before this update's epochs.
+      # Held-out fit of the critic: values from before this update's epochs, against the
+      # estimator's targets, and (the readout) against Monte-Carlo returns beside the oracle's.
       stats["value/explained_variance_before"] = _explained_variance(
           np.asarray(values), np.asarray(target), pb.loss_mask_bt)
+      stats.update({f"value/{k}": v for k, v in self.critic_readout(trainable, pb, np.asarray(values)).items()})
     flags = StepFlags(jnp.float32(train_policy), jnp.float32(train_critic and self.has_values),
                       jnp.float32(poison))
     b = rows
@@ -276,11 +300,7 @@ class Learner:
     rl = self.c.rl
     n_ep = len(set(pb.episode_id_b[pb.sample_valid_b > 0].tolist()))
     num = min(max(1, int(round(rl.aaw_fraction * n_ep))), n_ep)
-    credit = CreditBatch(
-        reward_bt=jnp.asarray(pb.reward_bt), loss_mask_bt=jnp.asarray(pb.loss_mask_bt),
-        turn_idx_bt=jnp.asarray(pb.turn_idx_bt), group_id_b=jnp.asarray(pb.group_id_b),
-        episode_id_b=jnp.asarray(pb.episode_id_b), tree_id_b=jnp.asarray(pb.tree_id_b),
-        return_b=jnp.asarray(pb.return_b))
+    credit = credit_batch(pb)
     key = jax.random.fold_in(jax.random.key(self.c.seed), step)
     keep = np.asarray(aaw_rows(key, credit, num, rl.aaw_floor, **_aaw_options(rl)))
     rows = np.nonzero(keep)[0]
@@ -311,6 +331,15 @@ def aaw_rows(key, batch: CreditBatch, num: int, floor: float = 0.0, **adv_option
 def _aaw_options(rl) -> dict:
   """The estimator's own advantage options, so AAW weighs by the advantage it trains with."""
   return {k: v for k, v in dict(rl.estimator_kwargs).items() if k in ("eps", "scale_by_std", "ddof")}
+
+
+def credit_batch(pb: PackedBatch, values_bt=None) -> CreditBatch:
+  """The credit library's view of a packed batch (rewards, masks, ids, returns, values)."""
+  return CreditBatch(
+      reward_bt=jnp.asarray(pb.reward_bt), loss_mask_bt=jnp.asarray(pb.loss_mask_bt),
+      turn_idx_bt=jnp.asarray(pb.turn_idx_bt), group_id_b=jnp.asarray(pb.group_id_b),
+      episode_id_b=jnp.asarray(pb.episode_id_b), tree_id_b=jnp.asarray(pb.tree_id_b),
+      return_b=jnp.asarray(pb.return_b), value_bt=None if values_bt is None else jnp.asarray(values_bt))
 
 
 def monte_carlo_targets(batch: CreditBatch):

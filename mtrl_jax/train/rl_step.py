@@ -161,6 +161,19 @@ def _mask_head_update(state, new_p, opt_p, flags):
   return jax.tree_util.tree_map_with_path(pick, new_p, state.policy), opt_p
 
 
+def make_values_fn(policy_gd, critic_gd) -> Callable:
+  """fn(policy, critic, tokens, positions) -> values: the critic alone (no log-probs, no LM head)."""
+
+  def values(p_params, c_params, tokens_bt, positions_bt):
+    if critic_gd is not None:
+      return critic_values(critic_gd, c_params, tokens_bt, positions_bt)
+    model = nnx.merge(policy_gd, p_params)
+    h, _ = model.policy.hidden(tokens_bt, positions_bt=positions_bt)
+    return model.value_head(h)
+
+  return values
+
+
 def make_score_fn(policy_gd, critic_gd, ref_gd=None) -> Callable:
   """fn(policy, critic, ref, tokens, targets, positions, segment_ids=None) -> (logp, ref_logp, values).
 

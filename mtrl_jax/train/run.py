@@ -132,7 +132,8 @@ class Run:
     except (ValueError, KeyError) as e:  # orbax: a structure or shape that does not match
       raise ValueError(f"config.init_from={source!r}: its policy does not match this run's model "
                        f"(same config.model and critic.kind 'head' or not?): {e}") from e
-    done = [s for s in meta.get("stages_done", []) if s in ("demos", "sft")]
+    source_done = list(meta.get("stages_done", []))
+    done = [s for s in source_done if s in ("demos", "sft")]
     if "sft" not in done:
       raise ValueError(f"config.init_from={source!r}: that run has not finished its sft stage "
                        f"(stages done: {meta.get('stages_done')})")
@@ -140,9 +141,23 @@ class Run:
     self._reset_policy_opt()
     if self.learner.ref_params is not None:
       self.learner.ref_params = jax.tree.map(jnp.copy, self.learner.state.policy)
+    what = "policy"
+    # A source that also finished value pretraining (a critic warm start shared by the critic
+    # arms of a study): its critic too, when this run pretrains a separate critic of that shape.
+    if ("value_pretrain" in source_done and "value_pretrain" in self.c.stages and self.c.value_pretrain.enabled
+        and self.c.critic.kind == "separate"):
+      try:
+        crit, _ = restore_subtree(source, {"critic": abstract_like(self.learner.state.critic)})
+      except (ValueError, KeyError) as e:
+        raise ValueError(f"config.init_from={source!r}: its pretrained critic does not match this run's "
+                         f"critic (same config.model, critic.kind 'separate'?): {e}") from e
+      self.learner.state = self.learner.state._replace(critic=crit["critic"])
+      self.meta["critic_ready"] = True
+      done.append("value_pretrain")
+      what = "policy and pretrained critic"
     self.meta["stages_done"] = done
     self._sync_sampler()
-    say(f"warm start: policy of {source} (stages {done} skipped here)")
+    say(f"warm start: {what} of {source} (stages {done} skipped here)")
 
   def _tree(self):
     s = self.learner.state
@@ -351,37 +366,11 @@ class Run:
     self.meta["critic_ready"] = True
 
   def stage_value_pretrain(self):
-    c, v = self.c, self.c.value_pretrain
-    if not v.enabled or self.c.critic.kind == "none":
+    if not self.c.value_pretrain.enabled or self.c.critic.kind == "none":
       return {}
     self._init_critic_from_policy()
-    start = int(self.meta["stage_step"]) if self.meta.get("stage") == "value_pretrain" else 0
-    best, since_best = float(self.meta.get("vp_best", -np.inf)), int(self.meta.get("vp_since", 0))
-    engine = self._engine(c.rl.group_size, self._train_sampling())
-    source = SyncSource(engine, seed=c.seed + 7, tasks_per_update=v.tasks_per_round,
-                        share=self._share(v.tasks_per_round, "value_pretrain.tasks_per_round"))
-    prog = Progress("value_pretrain", v.rounds, start)
-    out = {}
-    for r in range(start, v.rounds):
-      self._sync_sampler()
-      sessions, info = self._everyone(*source.next_batch(r), "value_pretrain", r)
-      met = self.learner.update(sessions, r, train_policy=False, epochs=v.epochs)
-      ev = met.get("value/explained_variance_before", met.get("explained_variance", 0.0))
-      self.writer.write(r, "value_pretrain", {**info, **met})
-      prog.update(r + 1, ev=ev, vloss=met.get("value_loss", 0.0))
-      # Fitting too long overfits (VC-PPO): stop once held-out EV stops improving.
-      if ev > best + v.min_delta:
-        best, since_best = ev, 0
-      else:
-        since_best += 1
-      self.meta.update(vp_best=best, vp_since=since_best)
-      out = {"value_pretrain/explained_variance": ev, "value_pretrain/rounds": r + 1}
-      if since_best >= v.patience:
-        say(f"value pretraining: explained variance stopped improving at {best:.3f} after {r + 1} rounds")
-        break
-      if (r + 1) % c.checkpoint.every == 0:
-        self.save("value_pretrain", r + 1)
-    return out
+    from mtrl_jax.train import value_pretrain
+    return value_pretrain.stage(self)
 
   def stage_rl(self):
     c, rl = self.c, self.c.rl

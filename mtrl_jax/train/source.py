@@ -21,10 +21,20 @@ class SessionSource(Protocol):
   def close(self) -> None: ...
 
 
+# Task seeds no training batch ever plays: evaluation draws from here (config.eval.seed_offset,
+# checked by config.validate) and so does the credit-accuracy lab (configs/lab.py).
+HELD_OUT_SEEDS = range(1_000_000, 3_000_000)
+
+
 def task_seeds(seed: int, step: int, n: int, round_: int = 0) -> list[int]:
-  """Training task seeds of update `step`: a pure function, so a resumed run replays them."""
+  """Training task seeds of update `step`: a pure function, so a resumed run replays them.
+
+  Never in `HELD_OUT_SEEDS`: a draw that lands there (about 1 in 1000) is
+  moved past it, so evaluation plays tasks no training step has seen.
+  """
   rng = np.random.default_rng([seed, step, round_, 11])
-  return [int(x) for x in rng.integers(0, 2**31 - 1, n)]
+  lo, hi = HELD_OUT_SEEDS.start, HELD_OUT_SEEDS.stop
+  return [int(x) + (hi - lo if lo <= x < hi else 0) for x in rng.integers(0, 2**31 - 1 - (hi - lo), n)]
 
 
 class SyncSource:

@@ -42,12 +42,25 @@ def test_every_cell_is_a_valid_config_and_shared_cells_run_once():
 
 
 def test_dry_run_passes_the_warm_start_to_every_run(capsys):
-  assert study.main(["--root", "/tmp/nowhere", "--only", "E4", "--dry_run"]) == 0
+  """E4's cells are critic arms with value pretraining: each run starts from the critic warm
+  start of its own seed, which starts from the probe's policy warm start; E3's vp=off cells
+  start from the policy warm start (no pretrained critic). Catches a run handed another
+  seed's critic, or a vp=off run handed a pretrained one."""
+  assert study.main(["--root", "/tmp/nowhere", "--only", "E4,E3", "--dry_run"]) == 0
   lines = capsys.readouterr().out.strip().splitlines()
-  assert json.loads(lines[-1])["runs"] == 4 * len(study.SEEDS)
-  runs = [x for x in lines[:-1] if "stage=warm" not in x and not x.startswith("#")]
-  assert len(runs) == 4 * len(study.SEEDS)
-  assert all("--config.init_from=/tmp/nowhere/warm/probe=bifurcation,horizon=8" in x for x in runs)
+  summary = json.loads(lines[-1])
+  assert summary["runs"] == 6 * len(study.SEEDS) and summary["critic_warm_starts"] == len(study.SEEDS)
+  cmds = [x for x in lines[:-1] if not x.startswith("#")]
+  critic = [x for x in cmds if "stage=critic" in x]
+  runs = [x for x in cmds if "stage=" not in x]
+  assert len(runs) == 6 * len(study.SEEDS) and len(critic) == len(study.SEEDS)
+  assert all("--config.init_from=/tmp/nowhere/warm/probe=bifurcation,horizon=8 " in x + " " for x in critic)
+  for x in runs:
+    seed = x.split("seed=")[1].split()[0]
+    if "vp=false" in x:
+      assert x.endswith("--config.init_from=/tmp/nowhere/warm/probe=bifurcation,horizon=8"), x
+    else:
+      assert x.endswith(f"--config.init_from=/tmp/nowhere/warm/probe=bifurcation,horizon=8,critic,seed={seed}"), x
   with pytest.raises(KeyError):
     study.main(["--root", "/tmp/nowhere", "--only", "E9", "--dry_run"])
 

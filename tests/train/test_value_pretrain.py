@@ -1,5 +1,7 @@
-"""Value pretraining (`Learner.update(train_policy=False)`, what
-`Run.stage_value_pretrain` calls) fits the critic and leaves the policy alone."""
+"""Critic-only updates (`Learner.update(train_policy=False)`: the RL stage's critic
+warm-up, `config.rl.critic_warmup`) fit the critic and leave the policy alone.
+Value pretraining has its own step (train/value_pretrain.py), tested through
+`Run` in test_run_stages.py."""
 import numpy as np
 
 from tiny_world import flat, host, learner, sessions_v0, trees_equal

@@ -1,0 +1,268 @@
+"""Value pretraining: fit the critic to the warm-start policy's returns before RL (VC-PPO).
+
+A critic that starts RL unable to tell good states from bad ones turns GAE's
+bootstrapped advantages into noise; VC-PPO (arXiv 2503.01491, section 3.2)
+fits it first on rollouts of the frozen initial policy. This stage:
+
+* plays fresh rounds of `tasks_per_round` tasks x `rl.group_size` sessions
+  with the policy frozen (a new batch every round: nothing to overfit), and
+  fits the critic on each with plain MSE for `epochs` passes of
+  `minibatches` minibatches;
+* targets Monte-Carlo return-to-go (gamma 1, lambda 1) by default, as VC-PPO
+  does: a bootstrapped lambda < 1 target from a critic that knows nothing
+  yet teaches it its own zeros (`targets="estimator"` keeps the RL
+  estimator's critic targets, which the lab's coupled critic wants);
+* has an optimiser and a learning-rate schedule of its own (constant after
+  `warmup_steps`), and hands RL a fresh optimiser state: RL's critic
+  schedule starts at its step 0 whatever pretraining did. While the stage
+  runs, its Adam state sits in the learner's critic slot (`opt_critic`, or
+  `opt_policy` for a value head), so a checkpoint taken mid-stage resumes
+  it exactly;
+* spends a budget counted in critic optimiser steps (`steps`), and stops
+  early when the held-out skill over the best constant predictor (R^2 of the
+  round's fresh batch, scored before fitting it) has not improved by
+  `min_delta` for `patience` rounds (0: spend the budget). Explained variance
+  cannot serve here: a constant scores 0, so the first thing a zero-initialised
+  head learns (the mean return) never counts as progress;
+* reports, every round and once more on a final fresh batch, the critic
+  readout of train/critic_readout.py (held-out EV and R^2, and on probes
+  that declare their decision, the oracle critic's beside them and the
+  critic's error at the decision).
+
+The head critic (critic.kind='head') trains only the head: the trunk's hidden
+states are stop-gradient, and the trunk's parameters are kept bit for bit.
+"""
+from __future__ import annotations
+
+from typing import Any, NamedTuple, Optional
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from absl import logging
+from flax import nnx
+
+from mtrl_jax.metrics import Progress, say
+from mtrl_jax.models.value import PolicyWithValueHead
+from mtrl_jax.parallel.sharded_step import (init_opt_state, opt_state_shardings, replicated,
+                                            sharding_context)
+from mtrl_jax.train import optim
+from mtrl_jax.train.rl_step import critic_values
+from mtrl_jax.train.source import SyncSource
+
+TARGETS = ("mc", "estimator")
+
+
+class ValueBatch(NamedTuple):
+  tokens_bt: jax.Array
+  positions_bt: jax.Array
+  target_bt: jax.Array
+  mask_bt: jax.Array
+
+
+class EarlyStop:
+  """Patience on a score that must rise by more than `min_delta` (see the module doc)."""
+
+  def __init__(self, patience: int, min_delta: float, best: float = -np.inf, since: int = 0):
+    self.patience, self.min_delta = int(patience), float(min_delta)
+    self.best, self.since = float(best), int(since)
+
+  def update(self, score: float) -> bool:
+    """Records one round's held-out score; True when the stage should stop."""
+    if score > self.best + self.min_delta:
+      self.best, self.since = float(score), 0
+    else:
+      self.since += 1
+    return self.patience > 0 and self.since >= self.patience
+
+
+def _is_head_path(path) -> bool:
+  return any(getattr(k, "key", None) == "value_head" for k in path)
+
+
+def make_value_fit_step(policy_gd, critic_gd, tx: optax.GradientTransformation):
+  """step(params, opt_state, batch) -> (params, opt_state, metrics): one MSE step of the critic.
+
+  `params` is the separate critic's state, or (critic_gd None) the policy's
+  state with a value head, of which only the head moves. A non-finite loss or
+  gradient leaves params and optimiser state unchanged (`nonfinite` = 1).
+  """
+  head = critic_gd is None
+
+  def values_of(params, batch: ValueBatch):
+    if head:
+      model = nnx.merge(policy_gd, params)
+      h, _ = model.policy.hidden(batch.tokens_bt, positions_bt=batch.positions_bt)
+      return model.value_head(jax.lax.stop_gradient(h))
+    return critic_values(critic_gd, params, batch.tokens_bt, batch.positions_bt)
+
+  def loss_fn(params, batch: ValueBatch):
+    m = batch.mask_bt > 0
+    err = jnp.where(m, values_of(params, batch) - batch.target_bt, 0.0)
+    return jnp.sum(err * err) / jnp.maximum(jnp.sum(m), 1)
+
+  def step(params, opt_state, batch: ValueBatch):
+    loss, g = jax.value_and_grad(loss_fn)(params, batch)
+    gn = optax.global_norm(g)
+    ok = jnp.isfinite(loss) & jnp.isfinite(gn)
+    upd, new_opt = tx.update(g, opt_state, params)
+    new = optax.apply_updates(params, upd)
+    if head:  # the trunk's grads are 0 already; keep it bit for bit all the same
+      new = jax.tree_util.tree_map_with_path(lambda p, n, o: n if _is_head_path(p) else o, new, params)
+    params = jax.tree.map(lambda n, o: jnp.where(ok, n, o), new, params)
+    opt_state = jax.tree.map(lambda n, o: jnp.where(ok, n, o), new_opt, opt_state)
+    return params, opt_state, {"fit_loss": loss, "grad_norm": gn, "nonfinite": (~ok).astype(jnp.float32)}
+
+  return step
+
+
+class ValuePretrainer:
+  """The optimiser, jitted step and data handling of value pretraining for one learner."""
+
+  def __init__(self, learner, c):
+    v = c.value_pretrain
+    if v.targets not in TARGETS:
+      raise ValueError(f"config.value_pretrain.targets={v.targets!r}: choose one of {TARGETS}")
+    self.learner, self.c, self.v = learner, c, v
+    self.head = learner.head_critic
+    L = learner
+    self.tx = optim.adamw(v.lr, max(int(v.steps), 1), warmup_steps=v.warmup_steps, clip_grad=c.rl.clip_grad,
+                          end_factor=1.0)
+    self.p_sh = L.state_sh.policy if self.head else L.state_sh.critic
+    self.o_sh = opt_state_shardings(self.tx, self.params, self.p_sh, L.mesh)
+    step = make_value_fit_step(L.policy_gd, L.critic_gd, self.tx)
+    rep = replicated(L.mesh)
+    self._step = jax.jit(step, in_shardings=(self.p_sh, self.o_sh, None), out_shardings=(self.p_sh, self.o_sh, rep),
+                         donate_argnums=(0, 1))
+
+  # The critic's parameters and the slot its optimiser state lives in during the stage.
+  @property
+  def params(self):
+    return self.learner.state.policy if self.head else self.learner.state.critic
+
+  @property
+  def opt(self):
+    return self.learner.state.opt_policy if self.head else self.learner.state.opt_critic
+
+  def _set(self, params, opt):
+    st = self.learner.state
+    self.learner.state = (st._replace(policy=params, opt_policy=opt) if self.head
+                          else st._replace(critic=params, opt_critic=opt))
+
+  def start_optimiser(self):
+    """A fresh pretraining optimiser state in the critic's slot (the stage's first round)."""
+    self._set(self.params, init_opt_state(self.tx, self.params, self.o_sh))
+
+  def hand_over_to_rl(self):
+    """The RL critic optimiser, fresh: RL's schedule starts at its step 0."""
+    L = self.learner
+    if self.head:
+      self._set(self.params, init_opt_state(L.tx_policy, self.params, L.state_sh.opt_policy))
+    else:
+      self._set(self.params, init_opt_state(L.tx_critic, self.params, L.state_sh.opt_critic))
+
+  # ------------------------------------------------------------------ one batch
+  def targets(self, pb, values_bt):
+    """The training targets of a packed batch: MC return-to-go, or the estimator's critic targets."""
+    L = self.learner
+    if self.v.targets == "estimator":
+      return np.asarray(L.advantages(pb, jnp.asarray(values_bt))[1])
+    return L.mc_targets(pb)
+
+  def readout(self, sessions, pb, values_bt) -> dict:
+    """The critic readout (held-out: `values_bt` were scored before fitting on `pb`)."""
+    return self.learner.critic_readout(sessions, pb, values_bt)
+
+  def fit(self, pb, target_bt, seed: int) -> dict:
+    """epochs x minibatches steps on one packed batch; mean fit loss and the steps taken."""
+    L, v = self.learner, self.v
+    b = pb.tokens_bt.shape[0]
+    mb = b // v.minibatches
+    full = ValueBatch(pb.tokens_bt, pb.positions_bt, np.asarray(target_bt, np.float32), pb.loss_mask_bt)
+    rng = np.random.default_rng([self.c.seed, seed, 23])
+    params, opt = self.params, self.opt
+    mets = []
+    with sharding_context(L.mesh, L.rules):
+      for _ in range(v.epochs):
+        perm = rng.permutation(b)
+        for m in range(v.minibatches):
+          idx = perm[m * mb:(m + 1) * mb]
+          part = L._put(jax.tree.map(lambda x: np.asarray(x)[idx], full))
+          params, opt, met = self._step(params, opt, part)
+          mets.append(met)
+    self._set(params, opt)
+    host = jax.device_get(mets)
+    return {"fit_loss": float(np.mean([m["fit_loss"] for m in host])),
+            "nonfinite_steps": float(sum(m["nonfinite"] for m in host)), "steps": len(host)}
+
+
+def rounds_for(v) -> int:
+  """Rounds that spend the budget of `v.steps` critic steps (the last may overshoot it)."""
+  per_round = max(int(v.epochs) * int(v.minibatches), 1)
+  return max(-(-int(v.steps) // per_round), 1)
+
+
+def stage(run) -> dict:
+  """Run.stage_value_pretrain: the rounds, their metrics and checkpoints (see the module doc)."""
+  c, v = run.c, run.c.value_pretrain
+  L = run.learner
+  pre = ValuePretrainer(L, c)
+  start = int(run.meta["stage_step"]) if run.meta.get("stage") == "value_pretrain" else 0
+  stop = EarlyStop(v.patience, v.min_delta, float(run.meta.get("vp_best", -np.inf)),
+                   int(run.meta.get("vp_since", 0)))
+  steps_done = int(run.meta.get("vp_steps", 0))
+  if start == 0:
+    pre.start_optimiser()
+  engine = run._engine(c.rl.group_size, run._train_sampling())
+  source = SyncSource(engine, seed=c.seed + 7, tasks_per_update=v.tasks_per_round,
+                      share=run._share(v.tasks_per_round, "value_pretrain.tasks_per_round"))
+  total = rounds_for(v)
+  prog = Progress("value_pretrain", total, start)
+  multiple = v.minibatches
+  run._sync_sampler()
+  r = start
+  for r in range(start, total):
+    sessions, info = run._everyone(*source.next_batch(r), "value_pretrain", r)
+    sessions = [s for s in sessions if s.trainable]
+    if not sessions:  # every session cut by the context cap or an env error: nothing to fit
+      logging.warning("value pretraining round %d: no trainable session (context_cap %d?); skipped",
+                      r, c.rollout.context_cap)
+      run.writer.write(r, "value_pretrain", {**info, "value_pretrain/skipped": 1.0})
+      continue
+    pb = L._pack(sessions, multiple=multiple)
+    values = np.asarray(L.critic_values(pb))
+    held_out = pre.readout(sessions, pb, values)  # before this round's fit: held out
+    fit = pre.fit(pb, pre.targets(pb, values), seed=r)
+    steps_done += fit["steps"]
+    done = stop.update(held_out["r2"])
+    rec = {**info, **{f"value_pretrain/{k}": x for k, x in held_out.items()},
+           "value_pretrain/fit_loss": fit["fit_loss"], "value_pretrain/nonfinite_steps": fit["nonfinite_steps"],
+           "value_pretrain/critic_steps": steps_done, "value_pretrain/best_r2": stop.best}
+    run.writer.write(r, "value_pretrain", rec)
+    prog.update(r + 1, ev=held_out["explained_variance"], r2=held_out["r2"],
+                **({"oracle_ev": held_out["oracle_explained_variance"]}
+                   if "oracle_explained_variance" in held_out else {}))
+    run.meta.update(vp_best=stop.best, vp_since=stop.since, vp_steps=steps_done)
+    if done:
+      say(f"value pretraining: held-out R^2 stopped improving at {stop.best:.3f} after {r + 1} rounds "
+          f"({steps_done} critic steps)")
+      break
+    if (r + 1) % c.checkpoint.every == 0 and r + 1 < total:
+      run.save("value_pretrain", r + 1)
+  # The critic RL starts with, scored on one more fresh batch (no fitting).
+  sessions, _ = run._everyone(*source.next_batch(total), "value_pretrain", r + 1)
+  sessions = [s for s in sessions if s.trainable]
+  final = {}
+  if sessions:
+    pb = L._pack(sessions, multiple=multiple)
+    final = pre.readout(sessions, pb, np.asarray(L.critic_values(pb)))
+  pre.hand_over_to_rl()
+  out = {f"value_pretrain/{k}": x for k, x in final.items()}
+  out.update({"value_pretrain/rounds": r + 1, "value_pretrain/critic_steps": steps_done})
+  if "oracle_explained_variance" in final and final["oracle_explained_variance"] > 0:
+    out["value_pretrain/ev_over_oracle"] = final["explained_variance"] / final["oracle_explained_variance"]
+  run.writer.write(r + 1, "value_pretrain", {**out, "value_pretrain/final": 1.0})
+  say("value pretraining: critic before RL " + ", ".join(
+      f"{k.split('/', 1)[1]}={x:.3f}" for k, x in out.items() if isinstance(x, float)))
+  return out
