@@ -149,6 +149,16 @@ class Env(abc.ABC):
     del action
     return None
 
+  def decision_value(self, turn: int, decision: str) -> float | None:
+    """Expected return from the start of `turn` on, given the turn-0 decision (None: not known in closed form).
+
+    Only for probes whose future return is a known function of their first
+    choice whatever the policy does later (`bifurcation`); the critic readout
+    estimates it from the batch otherwise. Reads the constructor's settings.
+    """
+    del turn, decision
+    return None
+
   @abc.abstractmethod
   def expert_action(self) -> str:
     """The scripted expert's action at the current state."""

@@ -88,6 +88,11 @@ class Bifurcation(Env):
   def first_decision(action: str) -> str:
     return "left" if action.strip() == "left" else "right"  # anything else plays the free arm
 
+  def decision_value(self, turn: int, decision: str) -> float:
+    # The payoff depends only on the arm, the noise averages 0, the cost is paid at turn 0.
+    p = self.p_good if decision == "left" else self.p_bad
+    return p - (self.cost if decision == "left" and turn == 0 else 0.0)
+
   def expert_action(self) -> str:
     t = self.turn
     if t == 0:

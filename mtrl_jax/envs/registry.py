@@ -76,6 +76,16 @@ def first_decision_fn(name: str) -> Callable[[str], str | None] | None:
   return fn
 
 
+def decision_value_fn(name: str, kwargs: dict) -> Callable[[int, str], float | None] | None:
+  """`decision_value` of the env `name` built with `kwargs` (see Env), or None if it has none."""
+  from mtrl_jax.envs.base import Env
+  _load_builtins()
+  factory = _REGISTRY.get(name)
+  if getattr(factory, "decision_value", Env.decision_value) is Env.decision_value:
+    return None
+  return make(name, **kwargs).decision_value
+
+
 def check_kwargs(name: str, factory: Callable, kwargs: dict) -> None:
   """Raises a ValueError naming each keyword `factory` does not accept."""
   params = inspect.signature(factory).parameters

@@ -13,12 +13,14 @@ and the same Monte-Carlo (gamma 1, lambda 1) return-to-go targets:
   the mean is progress, which EV cannot see;
 * the same two for an *oracle critic* on probes that declare their decisive
   choice (`Env.first_decision`, e.g. `bifurcation`'s arm, `memory`'s peek):
-  the mean return-to-go of the sessions that share the token's turn and the
-  turn-0 decision. That is the best value any critic can have when the
-  decision is all that matters for the future return, and it equals the
-  closed-form values in expectation. It is cross-fitted (means from the
-  other half of the groups), so it is not flattered by fitting the batch
-  it is scored on.
+  the expected return-to-go given the token's turn and the turn-0 decision.
+  That is the best value any critic can have when the decision is all that
+  matters for the future return. Where the env knows it in closed form
+  (`Env.decision_value`: `bifurcation`'s payoffs 0.95 / 0.30) it is exact;
+  otherwise (`memory`, whose payoff depends on the policy's recall) it is the
+  mean return-to-go of the sessions sharing the key, cross-fitted (means from
+  the other half of the groups, so it is not flattered by the batch it is
+  scored on; with few groups it is noisy, and can score below 0).
 
 And at the decision itself (`decision_error`, `decision_gap`, where the env
 has a decision): the critic's mean |V - V_oracle| on the turn-0 action tokens
@@ -73,18 +75,42 @@ def token_keys(turn_idx_bt, mask_bt, decision_b: Sequence[Optional[str]]) -> np.
   return keys
 
 
-def oracle_values(keys_bt, target_bt, fold_b) -> np.ndarray:
-  """f32[B, T]: each token's value = mean target of the other fold's tokens with its key.
+def oracle_values(keys_bt, target_bt, fold_b, value_fn=None, decision_b=None) -> np.ndarray:
+  """f32[B, T]: each token's oracle value (see the module doc).
 
-  `fold_b` (0/1 per row) splits the batch; a key the other fold lacks falls
-  back to the other fold's mean at that turn, then to its overall mean. With
-  one fold only (a single group), the means are in-sample.
+  With `value_fn(turn, decision)` (an env's closed form, e.g. `bifurcation`'s
+  arm payoffs) a decided token takes that value exactly, and an undecided
+  one (turn 0's first action token) the closed-form values averaged over the
+  decisions the other fold's sessions took. Otherwise (or where `value_fn`
+  returns None) each token takes the mean target of the other fold's tokens
+  with its key; a key the other fold lacks falls back to the other fold's
+  mean at that turn, then to its overall mean. `fold_b` (0/1 per row) splits
+  the batch; with one fold only (a single group) the means are in-sample.
   """
-  keys = np.asarray(keys_bt, dtype=object)
+  keys = np.array(keys_bt, dtype=object)  # a copy: decided tokens are blanked below
   t = np.asarray(target_bt, np.float64)
   fold = np.asarray(fold_b)
   folds = sorted(set(fold.tolist()))
   out = np.zeros(t.shape, np.float32)
+  for f in folds:
+    src = [g for g in folds if g != f] or [f]
+    rows = np.nonzero(np.isin(fold, src))[0]
+    taken = [decision_b[b] for b in rows if decision_b is not None and decision_b[b] is not None]
+
+    def closed(k):
+      if value_fn is None or k is None:
+        return None
+      if k[1] != UNDECIDED:
+        return value_fn(k[0], k[1])
+      vals = [value_fn(k[0], d) for d in taken]
+      return None if not vals or any(v is None for v in vals) else float(np.mean(vals))
+
+    for b in np.nonzero(fold == f)[0]:
+      for p in range(t.shape[1]):
+        v = closed(keys[b, p])
+        if v is not None:
+          out[b, p] = v
+          keys[b, p] = None  # done: the empirical pass below skips it
   for f in folds:
     src = [g for g in folds if g != f] or [f]
     by_key: dict = {}
@@ -129,7 +155,8 @@ def _decision_stats(values_bt, oracle_bt, keys_bt) -> dict:
 
 
 def readout(values_bt, target_bt, mask_bt, turn_idx_bt, *, first_actions_b: Sequence[Optional[str]],
-            group_b: Sequence[int], decision_fn: Optional[Callable[[str], Optional[str]]]) -> dict:
+            group_b: Sequence[int], decision_fn: Optional[Callable[[str], Optional[str]]],
+            value_fn: Optional[Callable[[int, str], Optional[float]]] = None) -> dict:
   """The critic's fit and, if `decision_fn` is given, the oracle's beside it (module doc).
 
   Args:
@@ -138,6 +165,7 @@ def readout(values_bt, target_bt, mask_bt, turn_idx_bt, *, first_actions_b: Sequ
     first_actions_b: each row's session's turn-0 action text (None: padding row).
     group_b: each row's group id (the oracle's folds are group parities).
     decision_fn: the env's `first_decision`, or None.
+    value_fn: the env's `decision_value` (closed-form oracle), or None.
 
   Returns keys explained_variance, r2 and, with a decision function,
   oracle_explained_variance, oracle_r2, decision_error, decision_gap,
@@ -148,7 +176,7 @@ def readout(values_bt, target_bt, mask_bt, turn_idx_bt, *, first_actions_b: Sequ
     return out
   decisions = [None if a is None else decision_fn(a) for a in first_actions_b]
   keys = token_keys(turn_idx_bt, mask_bt, decisions)
-  oracle = oracle_values(keys, target_bt, np.asarray(group_b) % 2)
+  oracle = oracle_values(keys, target_bt, np.asarray(group_b) % 2, value_fn, decisions)
   o = fit_scores(oracle, target_bt, mask_bt)
   out.update(oracle_explained_variance=o["explained_variance"], oracle_r2=o["r2"])
   out.update(_decision_stats(values_bt, oracle, keys))

@@ -95,6 +95,7 @@ class Learner:
     self._values = (jax.jit(make_values_fn(policy_gd, critic_gd), out_shardings=rep)
                     if critic_gd is not None or self.head_critic else None)
     self.decision_fn = env_registry.first_decision_fn(c.env.name)
+    self.decision_value = env_registry.decision_value_fn(c.env.name, dict(c.env.kwargs))
     self._adv = jax.jit(self.estimator)
     self._mc_targets = jax.jit(monte_carlo_targets)
 
@@ -171,7 +172,8 @@ class Learner:
     mc = self.mc_targets(pb)
     first = [sessions[i].turns[0].action if i >= 0 and sessions[i].turns else None for i in pb.session_index_b]
     return critic_readout.readout(values_bt, mc, pb.loss_mask_bt, pb.turn_idx_bt, first_actions_b=first,
-                                  group_b=pb.group_id_b, decision_fn=self.decision_fn)
+                                  group_b=pb.group_id_b, decision_fn=self.decision_fn,
+                                  value_fn=self.decision_value)
 
   def rl_batch(self, pb: PackedBatch, plan: Optional[RowPlan], prox, ref, adv, target, values) -> RLBatch:
     """The update's per-token fields ([B, T] host arrays) in the layout the step trains on."""
