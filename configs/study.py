@@ -18,6 +18,7 @@ Args:
   eta      > 0: the async actor pool with this staleness bound (E2); 0 = synchronous
   decoupled  decoupled PPO (proximal policy = the learner's) vs naive PPO on stale data (E2)
   vp       value pretraining on/off for critic arms (E3)
+  penalty  memory/bifurcation: reward -penalty per invalid reply in RL (0.1; 0 = outcome only)
   context  session (one sample per session) | history | markov (one sample per turn, with the
            transcript or only the current observation: MS-GRPO's layouts, E5)
   stage    warm: build the warm start only; critic: pretrain the critic on the warm start (one per
@@ -57,7 +58,7 @@ PROBES = {
 def get_config(arg=None):
   a = parse_args(arg, {"probe": "bifurcation", "horizon": 4, "arm": "ms_grpo", "lp": -1.0, "lc": -1.0,
                        "eta": 0, "decoupled": True, "vp": True, "context": "session", "stage": "rl",
-                       "seed": 0, "runlocal": False})
+                       "seed": 0, "penalty": 0.1, "runlocal": False})
   if a["probe"] not in PROBES:
     raise ValueError(f"probe={a['probe']!r}: choose one of {sorted(PROBES)}")
   if a["arm"] not in ARMS:
@@ -91,6 +92,11 @@ def get_config(arg=None):
     c.eval.tasks = 64
     return shrink(c) if a["runlocal"] else c
 
+  if a["probe"] in ("memory", "bifurcation"):
+    # RL and value pretraining only (the warm start's demos do not depend on it): a format
+    # penalty per invalid reply. Outcome-only rewards let RL drift the distractor replies
+    # (empty replies: up to 84% of turns in 16 updates at lr 1e-3 on bifurcation h8, pilots).
+    c.env.kwargs.invalid_penalty = a["penalty"]
   if a["stage"] == "critic":
     # The critic every vp=on critic arm of this probe and seed starts RL with (their critics
     # are the same network, pretrained on the same Monte-Carlo targets of the same policy).

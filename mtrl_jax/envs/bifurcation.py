@@ -37,13 +37,17 @@ class Bifurcation(Env):
   """Pick an arm, echo `length` letters through reward noise, collect the arm's payoff."""
 
   def __init__(self, length: int = 4, cost: float = 0.1, p_good: float = 0.95, p_bad: float = 0.3,
-               noise: float = 0.1):
+               noise: float = 0.1, invalid_penalty: float = 0.0):
     """
     Args:
       length: distractor turns between the choice and the payoff (>= 0).
       cost: paid (as -cost) at once for the good arm (`left`), >= 0.
       p_good / p_bad: payoff probability of `left` / `right`, in [0, 1].
       noise: each distractor turn pays +noise or -noise with equal odds (>= 0).
+      invalid_penalty: paid (as -invalid_penalty) for every invalid action (an
+        arm that is neither left nor right, a wrong echo, a last reply other than
+        `done`). Nothing else rewards the format after turn 0, and RL drifts it
+        (empty replies) while the noise pushes the echo tokens at random.
     """
     if length < 0:
       raise ValueError(f"bifurcation: length must be >= 0, got {length}")
@@ -52,7 +56,10 @@ class Bifurcation(Env):
     for name, p in (("p_good", p_good), ("p_bad", p_bad)):
       if not 0.0 <= p <= 1.0:
         raise ValueError(f"bifurcation: {name} must be in [0, 1], got {p}")
+    if invalid_penalty < 0:
+      raise ValueError(f"bifurcation: invalid_penalty must be >= 0, got {invalid_penalty}")
     self.length, self.cost, self.noise = length, float(cost), float(noise)
+    self.invalid_penalty = float(invalid_penalty)
     self.p_good, self.p_bad = float(p_good), float(p_bad)
     self.max_turns = length + 2
 
@@ -75,21 +82,29 @@ class Bifurcation(Env):
       invalid = a not in ARMS
       self.arm = "left" if a == "left" else "right"  # anything else counts as the free arm
       reward = -self.cost if self.arm == "left" else 0.0
-      return Step(self._cue(1), reward, False, False, {"invalid_action": invalid})
+      return Step(self._cue(1), reward - self._penalty(invalid), False, False, {"invalid_action": invalid})
     if t <= self.length:
       invalid = a != self.tokens[t - 1]
-      return Step(self._cue(t + 1), self.noise * self.signs[t - 1], False, False, {"invalid_action": invalid})
+      return Step(self._cue(t + 1), self.noise * self.signs[t - 1] - self._penalty(invalid), False, False,
+                  {"invalid_action": invalid})
     p = self.p_good if self.arm == "left" else self.p_bad
     paid = self.draw < p
-    return Step("paid" if paid else "unpaid", 1.0 if paid else 0.0, True, False,
-                {"invalid_action": a != "done", "success": paid})
+    invalid = a != "done"
+    return Step("paid" if paid else "unpaid", (1.0 if paid else 0.0) - self._penalty(invalid), True, False,
+                {"invalid_action": invalid, "success": paid})
+
+  def _penalty(self, invalid: bool) -> float:
+    return self.invalid_penalty if invalid else 0.0
 
   @staticmethod
   def first_decision(action: str) -> str:
     return "left" if action.strip() == "left" else "right"  # anything else plays the free arm
 
-  def decision_value(self, turn: int, decision: str) -> float:
+  def decision_value(self, turn: int, decision: str) -> float | None:
     # The payoff depends only on the arm, the noise averages 0, the cost is paid at turn 0.
+    # With a format penalty the return also depends on the policy's later replies: no closed form.
+    if self.invalid_penalty:
+      return None
     p = self.p_good if decision == "left" else self.p_bad
     return p - (self.cost if decision == "left" and turn == 0 else 0.0)
 
