@@ -124,7 +124,11 @@ def test_ppo_family_pretrains_the_critic_then_trains_with_gae(tmp_path):
   assert proc.returncode == 0, proc.stderr[-3000:]
   recs = read_metrics(str(tmp_path))
   vp = [r for r in recs if r["stage"] == "value_pretrain"]
-  assert vp and all("value/explained_variance_before" in r and r["value_loss"] >= 0 for r in vp)
+  rounds = [r for r in vp if "value_pretrain/final" not in r]
+  assert rounds and all("value_pretrain/explained_variance" in r and r["value_pretrain/fit_loss"] >= 0
+                        for r in rounds)
+  final = [r for r in vp if "value_pretrain/final" in r]
+  assert len(final) == 1 and np.isfinite(final[0]["value_pretrain/explained_variance"])
   rl = [r for r in recs if r["stage"] == "rl" and "explained_variance" in r]
   assert len(rl) == 3 and all(np.isfinite(r["value_loss"]) for r in rl)
   # The policy stayed frozen while the critic was fitted: RL starts at version 0.

@@ -190,7 +190,8 @@ def test_two_processes_play_their_shares_and_train_like_one(tmp_path):
   got = _sessions(asy)
   assert {h for h, *_ in got.values()} == {0, 1} and len(got) == 3 * 2 * 4
   vp = _sessions(asy, stage="value_pretrain")
-  assert {h for h, *_ in vp.values()} == {0, 1} and len(vp) == 2 * 2 * 4  # rounds x tasks x group
+  # 2 fitting rounds and the final held-out readout batch, x tasks x group
+  assert {h for h, *_ in vp.values()} == {0, 1} and len(vp) == (2 + 1) * 2 * 4
   assert [r["step"] for r in _rl_records(asy)] == [1, 2, 3]
 
 
