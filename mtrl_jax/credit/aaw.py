@@ -22,7 +22,8 @@ from mtrl_jax.credit.outcome import episode_group_advantage
 def aaw_probabilities(adv_e, valid_e, floor: float = 0.0) -> jax.Array:
   """Sampling probabilities proportional to |A_e| + floor over valid slots."""
   w = jnp.where(valid_e, jnp.abs(adv_e) + floor, 0.0)
-  uniform = valid_e.astype(jnp.float32)
+  # Equivalent mutant: a bool array promotes to the same float weights below.
+  uniform = valid_e.astype(jnp.float32)  # pragma: no mutate
   total = jnp.sum(w)
   w = jnp.where(total > 0, w, uniform)
   return w / jnp.maximum(jnp.sum(w), 1e-30)
@@ -45,4 +46,5 @@ def aaw_sample(key, batch: CreditBatch, num: int, *, floor: float = 0.0,
   _, slots = jax.lax.top_k(scores, num)
   ok = probs[slots] > 0
   drawn_e = jnp.zeros(probs.shape, jnp.int32).at[slots].max(ok.astype(jnp.int32)) > 0
-  return drawn_e[table.ep_b], slots.astype(jnp.int32), ok, probs
+  # Equivalent mutant: lax.top_k's indices are int32 already.
+  return drawn_e[table.ep_b], slots.astype(jnp.int32), ok, probs  # pragma: no mutate

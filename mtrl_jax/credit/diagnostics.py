@@ -23,7 +23,9 @@ def explained_variance(pred, target, mask) -> jax.Array:
   """1 - Var[target - pred] / Var[target]; 0 when the targets do not vary."""
   var_t = masked_var(target, mask)
   var_r = masked_var(target - pred, mask)
-  return jnp.where(var_t > 0, 1.0 - var_r / jnp.where(var_t > 0, var_t, 1.0), 0.0)
+  # Equivalent mutants: the guard's value is only read where var_t > 0.
+  safe_t = jnp.where(var_t > 0, var_t, 1.0)  # pragma: no mutate
+  return jnp.where(var_t > 0, 1.0 - var_r / safe_t, 0.0)
 
 
 def per_turn_mean_std(x_bt, turn_idx_bt, mask_bt, max_turns: int):
@@ -39,6 +41,10 @@ def per_turn_mean_std(x_bt, turn_idx_bt, mask_bt, max_turns: int):
   n = max_turns + 1
   cnt = jax.ops.segment_sum(w, seg, num_segments=n)[:-1]
   mean = jax.ops.segment_sum(x, seg, num_segments=n)[:-1] / jnp.maximum(cnt, 1.0)
-  dev = jnp.where(m.reshape(-1), x - jnp.concatenate([mean, jnp.zeros(1)])[seg], 0.0)
+  # Equivalent mutants: a longer zero pad (index max_turns still reads 0), and
+  # a fill that lands only in the dropped segment max_turns.
+  mean_pad = jnp.concatenate([mean, jnp.zeros(1)])  # pragma: no mutate
+  centred = x - mean_pad[seg]
+  dev = jnp.where(m.reshape(-1), centred, 0.0)  # pragma: no mutate
   var = jax.ops.segment_sum(dev * dev, seg, num_segments=n)[:-1] / jnp.maximum(cnt, 1.0)
   return mean, jnp.sqrt(var), cnt

@@ -173,7 +173,9 @@ def value_loss(value_bt, old_value_bt, target_bt, mask_bt, *, clip_eps: Optional
   with the explained variance of the targets by V and the clip fraction.
   """
   m = mask_bt > 0
-  tgt = jax.lax.stop_gradient(jnp.where(m, target_bt, 0.0))
+  # Equivalent mutant (another fill): off the mask v = tgt, so err = 0 there,
+  # and every statistic below is masked.
+  tgt = jax.lax.stop_gradient(jnp.where(m, target_bt, 0.0))  # pragma: no mutate
   v = jnp.where(m, value_bt, tgt)
   err = jnp.square(v - tgt)
   if clip_eps is None:

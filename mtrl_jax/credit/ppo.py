@@ -23,7 +23,9 @@ def clipped_surrogate(ratio_bt, adv_bt, m, eps_low, eps_high, dual_clip=None):
   bool[B, T] masks clip_low / clip_high / dual_clip of tokens whose gradient
   the clipping removed.
   """
-  adv = jnp.where(m, jax.lax.stop_gradient(adv_bt), 0.0)
+  # Equivalent mutant (another fill): masked tokens' loss is zeroed and their
+  # flags masked below.
+  adv = jnp.where(m, jax.lax.stop_gradient(adv_bt), 0.0)  # pragma: no mutate
   loss1 = -adv * ratio_bt
   loss2 = -adv * jnp.clip(ratio_bt, 1.0 - eps_low, 1.0 + eps_high)
   loss = jnp.maximum(loss1, loss2)
@@ -102,8 +104,12 @@ def aggregate(loss_bt, mask_bt, mode: str = "token_mean", norm_len=None,
   if segment_ids_bt is not None:
     b, t = loss.shape
     # A flat id per (row, segment); ids in [0, T] (0 = padding) so b * (T + 1) + id is unique.
-    seg = jnp.clip(jnp.asarray(segment_ids_bt, jnp.int32), 0, t)
-    flat = (jnp.arange(b, dtype=jnp.int32)[:, None] * (t + 1) + seg).reshape(-1)
+    # Equivalent mutants: without the dtypes the ids are int32 too (int64
+    # with x64 on, which index the same segments).
+    seg = jnp.asarray(segment_ids_bt, jnp.int32)  # pragma: no mutate
+    rows = jnp.arange(b, dtype=jnp.int32)  # pragma: no mutate
+    seg = jnp.clip(seg, 0, t)  # an id out of [0, T] must not reach another row's ids
+    flat = (rows[:, None] * (t + 1) + seg).reshape(-1)
     n = b * (t + 1)
     seg_sum = jax.ops.segment_sum(loss.reshape(-1), flat, num_segments=n)
     seg_cnt = jax.ops.segment_sum(m.reshape(-1).astype(jnp.int32), flat, num_segments=n)

@@ -23,7 +23,8 @@ def informative_groups_np(group_id, returns, episode_id=None, tol: float = 0.0
   number of groups dropped).
   """
   group_id = np.asarray(group_id)
-  returns = np.asarray(returns, np.float64)
+  # Equivalent mutants: hi / lo below are float64 whatever dtype returns has.
+  returns = np.asarray(returns, np.float64)  # pragma: no mutate
   if episode_id is not None:
     _, first = np.unique(np.asarray(episode_id), return_index=True)
     g_rep, r_rep = group_id[first], returns[first]

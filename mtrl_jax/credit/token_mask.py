@@ -17,7 +17,9 @@ def ceil_fraction_of(rho: float, n: jax.Array) -> jax.Array:
     raise ValueError(f"rho must lie in [0, 1], got {rho!r}")
   frac = Fraction(rho).limit_denominator(_MAX_DENOMINATOR)
   p, q = frac.numerator, frac.denominator
-  n = jnp.asarray(n, jnp.int32)
+  # Equivalent mutants: without the dtype a count is int32 already (int64 with
+  # x64, the same arithmetic).
+  n = jnp.asarray(n, jnp.int32)  # pragma: no mutate
   return (n // q) * p + ((n % q) * p + q - 1) // q
 
 

@@ -53,6 +53,11 @@ import numpy as np
 
 from mtrl_jax.rollout.session import Session
 
+# A wait without a deadline wakes this often (seconds), so a Ctrl-C delivered
+# to another thread still reaches a main thread blocked in the queue: the
+# signal handler only runs once the main thread is back in Python code.
+_POLL_S = 0.1
+
 
 class QueueClosed(RuntimeError):
   """The queue was closed; every waiting producer and consumer gets this."""
@@ -207,8 +212,7 @@ class StalenessQueue:
 
   def _wait(self, deadline: float | None, what: str) -> None:
     if deadline is None:
-      # Short waits, so a Ctrl-C reaches a main thread blocked here promptly.
-      self._cv.wait(0.1)
+      self._cv.wait(_POLL_S)
       return
     left = deadline - time.monotonic()
     if left <= 0:

@@ -46,6 +46,8 @@ RUNS = {
 }
 # Run from a copy of the repository: mutmut writes mutants/ into the folder it runs in.
 MUTATION = ["aaw", "--tests", "tests/credit/test_aaw.py", "--max-examples", "1"]
+# A module outside credit/ with its default tests (no JAX: a forked child per mutant).
+MUTATION_QUEUE = ["rollout/staleness_queue", "--only", "*group_min_version*"]
 CHAINED = {"experiments/sweep.py", "experiments/summarize.py", "experiments/plot.py", "experiments/report.py",
            "benchmarks/mutation.py",
            # run the same way (subprocess, fresh workdir, JSON keys checked) in its own test:
@@ -101,9 +103,7 @@ def test_script_runs_from_a_fresh_workdir(script, tmp_path):
   assert isinstance(out, dict) and out
 
 
-@pytest.mark.slow
-def test_mutation_runs_in_a_fresh_copy(tmp_path):
-  """benchmarks/mutation.py on the smallest credit file, in a copy of the repository (as a clean clone)."""
+def _repo_copy(tmp_path):
   files = subprocess.run(["git", "ls-files", "-co", "--exclude-standard"], cwd=REPO, capture_output=True,
                          text=True, check=True).stdout.split()
   copy = tmp_path / "repo"
@@ -113,9 +113,26 @@ def test_mutation_runs_in_a_fresh_copy(tmp_path):
       dst = copy / f
       dst.parent.mkdir(parents=True, exist_ok=True)
       dst.write_bytes(open(src, "rb").read())
-  out = run_script("benchmarks/mutation.py", MUTATION, cwd=str(copy))
+  return copy
+
+
+@pytest.mark.slow
+def test_mutation_runs_in_a_fresh_copy(tmp_path):
+  """benchmarks/mutation.py on the smallest credit file, in a copy of the repository (as a clean clone)."""
+  out = run_script("benchmarks/mutation.py", MUTATION, cwd=str(_repo_copy(tmp_path)))
   counts = out["per_file"]["mtrl_jax/credit/aaw.py"]
-  assert counts.get("killed", 0) > 0
+  assert counts.get("killed", 0) > 0 and out["isolation"] == "inprocess"
+
+
+def test_mutation_of_the_staleness_queue_forks_a_child_per_mutant(tmp_path):
+  """A target outside credit/ by its path, with its DEFAULT_TESTS: the five mutants of
+  group_min_version are all killed, each in a forked child (the queue's tests never start JAX).
+  About 15 s: the quick tier's check of benchmarks/mutation.py."""
+  out = run_script("benchmarks/mutation.py", MUTATION_QUEUE, cwd=str(_repo_copy(tmp_path)))
+  assert out["isolation"] == "fork"
+  assert out["tests"] == ["tests/rollout/test_staleness_queue.py", "tests/rollout/test_staleness_queue_exact.py"]
+  counts = out["per_file"]["mtrl_jax/rollout/staleness_queue.py"]
+  assert counts.get("killed", 0) == 5 and "survived" not in counts
 
 
 @pytest.mark.slow
