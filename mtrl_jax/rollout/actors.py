@@ -110,6 +110,19 @@ class ActorSampler:
       raise ActorStopped()
     return self._pin()
 
+  def weights(self, latest: bool = True):
+    """(params, version) this actor decodes with; `latest` loads the newest published first.
+
+    The continuous engine calls it before each decode call (rollout/continuous.py):
+    with partial rollouts (latest=True) a session in flight moves to new weights
+    at the next call; without, the run keeps the weights it started with.
+    """
+    if self._stop.is_set():
+      raise ActorStopped()
+    if latest:
+      self._pin()
+    return self._inner.weights()
+
   def init_state(self, batch: int, capacity: int):
     # A new engine batch: its first prompts are prefilled with the newest
     # weights, not with those its previous batch ended on.
