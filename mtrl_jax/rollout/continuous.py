@@ -22,8 +22,10 @@ draws token i of turn t with `fold_in(fold_in(session_key, t), i)` in both
 engines, whatever row or call decodes it, and its KV row holds the same
 tokens (moves and copies are exact), so only floating-point summation order
 differs (batch shapes). Each generated token is stamped with the version of
-the weights the call that produced it read (`Sampler.weights`), together with
-those weights, so versions are exact.
+the weights that computed the logits it was drawn from: those of the decode
+call for all but a call's first token, which is drawn from the logits of the
+row's last prefill or call (`Sampler.weights` hands out weights and version
+together), so versions are exact across a weight switch.
 
 Weights (partial rollouts): without `partial` a run keeps the weights it
 started with until its last session ends (with the actor pool: the run is one
@@ -82,6 +84,7 @@ class _Live:
   versions: list = dataclasses.field(default_factory=list)
   hit_budget: bool = False
   full: bool = False
+  logits_version: int = -1  # version of the weights that computed the row's next-token logits
 
 
 class ContinuousEngine(RolloutEngine):
@@ -308,6 +311,7 @@ class _Play:
         self.ledger.record_prefill(self.sessions[lv.idx].num_turns, len(lv.to_prefill))
         lv.length += len(lv.to_prefill)
         lv.to_prefill = []
+        lv.logits_version = self.weights[1]
     self._fork_followers(set(prefill))
     self.act = jax.block_until_ready(self.act)
     self.timing["prefill"] += time.perf_counter() - t0
@@ -339,7 +343,7 @@ class _Play:
       lead = self.live[leader]
       for lv in followers:
         self.ledger.record_prefill_saved(0, len(lv.to_prefill))
-        lv.length, lv.to_prefill = lead.length, []
+        lv.length, lv.to_prefill, lv.logits_version = lead.length, [], lead.logits_version
         r = self._take_row(evict_rows, evict_slots)
         if r is not None:
           self.owner[r], lv.row, lv.phase = lv.idx, r, "decode"
@@ -388,7 +392,11 @@ class _Play:
       generated += len(new)
       lv.ids += new
       lv.logps += [float(x) for x in out.logps[r]]
-      lv.versions += [out.version] * len(new)
+      if new:
+        # A token is drawn from the logits the previous step computed: the first of
+        # this call from those of the last prefill or call, the others from this call's.
+        lv.versions += [lv.logits_version] + [out.version] * (len(new) - 1)
+        lv.logits_version = out.version
       lv.length += len(new)
       if out.done[r]:
         lv.hit_budget, lv.full = bool(out.hit_budget[r]), bool(out.full[r])

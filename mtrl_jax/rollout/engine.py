@@ -179,6 +179,9 @@ class RolloutEngine:
         rows = sorted(pending)
         new_tokens = [pending[r][1] if r in pending else [] for r in range(n)]
 
+        # Read (and, in the actor pool, loaded) before the prefill: the observation's last logits,
+        # which the turn's first token is drawn from, come from the weights stamped on it.
+        version = int(self.sampler.version)
         t0 = time.perf_counter()
         if turn == 0 and self.group_prefill:
           state, prefilled, saved = append_once_per_group(self.sampler, state, pending, n, lambda r: r // g_size)
@@ -191,7 +194,6 @@ class RolloutEngine:
 
         active = np.zeros(n, bool)
         active[rows] = True
-        version = int(self.sampler.version)
         t0 = time.perf_counter()
         out, state = self.sampler.generate(state, row_keys(keys, turn), self.turn_token_budget, active=active,
                                            params=self.sampling)
