@@ -358,7 +358,8 @@ class ActorPool:
         share = 1.0 / ticket.num_groups
         meta = {"generate_s": res.timing.generate_s * share, "prefill_s": res.timing.prefill_s * share,
                 "env_s": res.timing.env_s * share, "rollout_s": res.timing.total_s * share,
-                "actor": slot.index}
+                "prefill_saved": res.ledger.prefill_saved_total * share,
+                "decode_row_steps": res.ledger.decode_row_steps * share, "actor": slot.index}
         # By group id, not by position: a tree engine leaves out the unborn
         # siblings of a session that ended before a branch turn.
         by_group = {gid: [] for gid in gids}

@@ -4,7 +4,9 @@ The lockstep engine (engine.py) decodes every live row until the longest
 action of the turn is done, then steps every env and waits for the slowest;
 a row whose action stopped early idles until then. Here the decode batch has
 `rows` rows and each decode call runs at most `chunk` steps
-(`Sampler.decode_rows`, sampling/row_steps.py). Between calls the scheduler
+(`Sampler.decode_rows`, sampling/row_steps.py), fewer when sessions wait for
+rows: it then returns once a quarter of the rows (or as many as wait) ended
+their actions. Between calls the scheduler
 
   * hands each action that ended to its env on a thread pool (env steps run
     while the rows keep decoding);
@@ -85,6 +87,7 @@ class _Live:
   hit_budget: bool = False
   full: bool = False
   logits_version: int = -1  # version of the weights that computed the row's next-token logits
+  turn_key: Any = None  # raw data of fold_in(key, turn): this turn's draws
 
 
 class ContinuousEngine(RolloutEngine):
@@ -135,6 +138,8 @@ class _Play:
 
   def __init__(self, engine: ContinuousEngine, sessions: list[Session], keys, rows: int, in_flight: int):
     self.e, self.sessions, self.keys = engine, sessions, keys
+    self.key_impl = jax.random.key_impl(keys)
+    self.key_shape = tuple(jax.random.key_data(keys).shape[1:])
     self.n_rows, self.n_slots = rows, in_flight
     self.ledger = TokenLedger()
     self.timing = {"generate": 0.0, "prefill": 0.0, "env": 0.0}
@@ -240,6 +245,8 @@ class _Play:
       return
     lv.obs, lv.to_prefill = obs, list(obs[1])
     lv.ids, lv.logps, lv.versions = [], [], []
+    # Turn t draws with fold_in(session key, t), as the lockstep engine's row_keys.
+    lv.turn_key = np.asarray(jax.random.key_data(jax.random.fold_in(lv.key, s.num_turns)))
     if gate:
       lv.phase = "gate"
     else:
@@ -305,8 +312,9 @@ class _Play:
     prefill = {lv.row: lv for lv in self.live.values() if lv.phase == "decode" and lv.to_prefill}
     if prefill:
       self.weights = self.sampler.weights(latest=self.e.partial) if self.e.partial else self.weights
-      new = [prefill[r].to_prefill if r in prefill else [] for r in range(self.n_rows)]
-      self.act = self.sampler.append(self.act, new, weights=self.weights[0])
+      rows = sorted(prefill)
+      self.act = self.sampler.append_rows(self.act, rows, [prefill[r].to_prefill for r in rows],
+                                          weights=self.weights[0])
       for lv in prefill.values():
         self.ledger.record_prefill(self.sessions[lv.idx].num_turns, len(lv.to_prefill))
         lv.length += len(lv.to_prefill)
@@ -368,21 +376,21 @@ class _Play:
     e = self.e
     active = np.zeros(self.n_rows, bool)
     offsets = np.zeros(self.n_rows, np.int64)
-    key_idx = np.zeros(self.n_rows, np.int32)
-    turns = np.zeros(self.n_rows, np.int32)
+    key_data = np.zeros((self.n_rows,) + self.key_shape, np.uint32)
     for r, idx in enumerate(self.owner):
       if idx is not None and self.live[idx].phase == "decode":
         lv = self.live[idx]
-        active[r], offsets[r], key_idx[r] = True, len(lv.ids), idx
-        turns[r] = self.sessions[idx].num_turns
+        active[r], offsets[r], key_data[r] = True, len(lv.ids), lv.turn_key
     if not active.any():
       return
-    # Row r draws with its session's key folded with the session's turn, as the lockstep engine does.
-    row_keys = jax.vmap(jax.random.fold_in)(self.keys[key_idx], turns)
+    row_keys = jax.random.wrap_key_data(key_data, impl=self.key_impl)
     self.weights = self.sampler.weights(latest=e.partial) if e.partial else self._check_stop()
     t0 = time.perf_counter()
+    # Sessions wait for rows: return once a quarter of the rows (or as many as wait) are free.
+    quota = min(len(self.ready), max(1, self.n_rows // 4)) if self.ready else 0
     out, self.act = self.sampler.decode_rows(self.act, row_keys, offsets, np.full(self.n_rows, e.turn_token_budget),
-                                             active, e.chunk, params=e.sampling, weights=self.weights)
+                                             active, e.chunk, params=e.sampling, weights=self.weights,
+                                             done_quota=quota)
     self.timing["generate"] += time.perf_counter() - t0
     self.ledger.record_decode(self.n_rows, out.steps)
     generated = 0

@@ -108,14 +108,24 @@ class TokenLedger:
       self.untrainable_tokens += sum(p + g for _, p, g in own_tokens(s))
 
   @classmethod
-  def from_sessions(cls, sessions: Iterable[Session]) -> "TokenLedger":
-    """The ledger a set of finished sessions implies (tokens counted from the records)."""
+  def from_sessions(cls, sessions: Iterable[Session], *, prefill_saved: int = 0,
+                    decode_row_steps: int = 0) -> "TokenLedger":
+    """The ledger a set of finished sessions implies (tokens counted from the records).
+
+    The records cannot tell which first-turn tokens were copied from a group
+    sibling: pass their count as `prefill_saved` (moved from prefilled to
+    saved, turn 0), and the decode row steps the engines reported.
+    """
     ledger = cls()
     for s in sessions:
       for k, prefilled, generated in own_tokens(s):
         ledger.record_prefill(k, prefilled)
         ledger.record_generated(k, generated)
       ledger.record_session(s)
+    if prefill_saved:
+      ledger.record_prefill(0, -int(prefill_saved))
+      ledger.record_prefill_saved(0, int(prefill_saved))
+    ledger.record_decode(1, decode_row_steps)
     return ledger
 
   def merge(self, other: "TokenLedger") -> "TokenLedger":

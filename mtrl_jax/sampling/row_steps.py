@@ -39,13 +39,16 @@ class RowStepsOut(NamedTuple):
 
 def decode_row_steps(graphdef: nnx.GraphDef, params: nnx.State, state: DecodeState, keys_b: jax.Array,
                      offset_b: jax.Array, budget_b: jax.Array, active_b: jax.Array, temperature: jax.Array,
-                     top_p: jax.Array, *, stop_ids: Sequence[int], pad_id: int, steps: int,
+                     top_p: jax.Array, done_quota: jax.Array, *, stop_ids: Sequence[int], pad_id: int, steps: int,
                      mode: SampleMode) -> tuple[DecodeState, RowStepsOut]:
   """Up to `steps` decode steps of every active row (see module doc).
 
   A row runs while it is active, has not sampled a stop id, has generated
   fewer than `budget_b - offset_b` tokens in this call and its cache is not
-  full; the loop exits early once no row runs. Every generated token (stop
+  full; the loop exits early once no row runs, or once `done_quota` (> 0)
+  rows have stopped running (the scheduler has sessions waiting for rows:
+  better to hand them the freed rows now than at the end of the chunk).
+  Every generated token (stop
   id included) is cached, so the next call continues after it. Inactive rows
   keep their cache and logits. `keys_b` holds one typed key per row. The
   caller guarantees min(capacity, length_b + budget_b - offset_b, length_b +
@@ -56,13 +59,15 @@ def decode_row_steps(graphdef: nnx.GraphDef, params: nnx.State, state: DecodeSta
   batch = active_b.shape[0]
   stop_s = jnp.asarray(tuple(stop_ids), jnp.int32)
   running_b = active_b & (state.cache.length_b < capacity) & (offset_b < budget_b)
+  started_b = running_b
   zeros_b = jnp.zeros((batch,), jnp.int32)
   init = (jnp.int32(0), state.cache, state.last_logits_bv, running_b, zeros_b, jnp.zeros((batch,), bool),
           jnp.full((batch, steps), pad_id, jnp.int32), jnp.zeros((batch, steps), jnp.float32))
 
   def cond(carry):
     step, _, _, running_b = carry[:4]
-    return (step < steps) & jnp.any(running_b)
+    freed = jnp.sum(started_b & ~running_b)  # rows whose action ended in this call
+    return (step < steps) & jnp.any(running_b) & ((done_quota <= 0) | (freed < done_quota))
 
   def body(carry):
     step, cache, logits_bv, running_b, n_gen_b, stopped_b, tokens_bn, logps_bn = carry
@@ -87,3 +92,19 @@ def decode_row_steps(graphdef: nnx.GraphDef, params: nnx.State, state: DecodeSta
   full_b = active_b & ~stopped_b & ~hit_budget_b & (cache.length_b >= capacity)
   out = RowStepsOut(tokens_bn, logps_bn, n_gen_b, stopped_b, hit_budget_b, full_b, steps_run)
   return DecodeState(cache, logits_bv, capacity), out
+
+
+def append_to_rows(graphdef: nnx.GraphDef, params: nnx.State, state: DecodeState, rows_k: jax.Array,
+                   tokens_kt: jax.Array, n_new_k: jax.Array) -> DecodeState:
+  """`decode.append_tokens` on k rows of the batch only: row rows_k[i] caches
+  tokens_kt[i, :n_new_k[i]].
+
+  The continuous scheduler prefills the few rows it just refilled; running
+  the whole batch through the model for them would pad every other row
+  (a 300-token prompt prefilled in one row of 16 costs 16 rows' work). The
+  k rows are gathered, prefilled and written back; `rows_k` must not repeat.
+  """
+  from mtrl_jax.sampling import decode, fork
+  sub = fork.gather_rows(state, rows_k)
+  sub = decode.append_tokens(graphdef, params, sub, tokens_kt, n_new_k)
+  return fork.move_rows(sub, jnp.arange(rows_k.shape[0]), state, rows_k)

@@ -113,12 +113,17 @@ class Sampler:
     self._gather_jit = jax.jit(fork_lib.gather_rows)
     self._copy_jit = jax.jit(fork_lib.copy_rows, donate_argnames=("state",))
 
-    def rows_fn(params, state, keys_b, offset_b, budget_b, active_b, temperature, top_p, steps, mode):
+    def rows_fn(params, state, keys_b, offset_b, budget_b, active_b, temperature, top_p, done_quota, steps, mode):
       return row_steps.decode_row_steps(graphdef, params, state, keys_b, offset_b, budget_b, active_b,
-                                        temperature, top_p, stop_ids=self.stop_ids, pad_id=self.pad_id,
-                                        steps=steps, mode=mode)
+                                        temperature, top_p, done_quota, stop_ids=self.stop_ids,
+                                        pad_id=self.pad_id, steps=steps, mode=mode)
 
     self._rows_jit = jax.jit(rows_fn, static_argnames=("steps", "mode"), donate_argnames=("state",))
+
+    def append_rows_fn(params, state, rows_k, tokens_kt, n_new_k):
+      return row_steps.append_to_rows(graphdef, params, state, rows_k, tokens_kt, n_new_k)
+
+    self._append_rows_jit = jax.jit(append_rows_fn, donate_argnames=("state",))
     self._move_jit = jax.jit(fork_lib.move_rows, donate_argnames=("dst",))
     self._clear_jit = jax.jit(fork_lib.clear_rows, donate_argnames=("state",))
 
@@ -339,14 +344,15 @@ class Sampler:
   # ------------------------------------------------------ continuous batching
   def decode_rows(self, state: DecodeState, keys: jax.Array, offsets: Sequence[int], budgets: Sequence[int],
                   active: np.ndarray, steps: int, params: SamplingParams = SamplingParams(),
-                  weights: tuple | None = None) -> tuple[RowStepsResult, DecodeState]:
+                  weights: tuple | None = None, done_quota: int = 0) -> tuple[RowStepsResult, DecodeState]:
     """At most `steps` decode steps of each active row, each at its own place in its action.
 
     keys: [B] typed keys, one per row (row b's token i of its action draws
     with `fold_in(keys[b], i)`, as `generate` with per-row keys does);
     offsets: tokens each row already generated for its current action;
     budgets: each row's token budget for the whole action. A row's action
-    ends on a stop id, on its budget or on a full cache (`done`). `weights`:
+    ends on a stop id, on its budget or on a full cache (`done`).
+    done_quota > 0: return as soon as that many rows' actions ended. `weights`:
     a (params, version) pair from `weights()` (default: the current ones).
     The passed state is donated: use the returned one.
     See sampling/row_steps.py.
@@ -382,7 +388,8 @@ class Sampler:
     budget_now = np.minimum(budget_b, offset_b + int(steps))
     state, out = self._rows_jit(weights_now, state, keys, jnp.asarray(offset_b, jnp.int32),
                                 jnp.asarray(budget_now, jnp.int32), jnp.asarray(active_b),
-                                jnp.float32(params.temperature), jnp.float32(params.top_p), steps=buf, mode=mode)
+                                jnp.float32(params.temperature), jnp.float32(params.top_p),
+                                jnp.int32(done_quota), steps=buf, mode=mode)
     out = jax.device_get(out)
     n = np.asarray(out.n_gen_b)
     tokens = [out.tokens_bn[b, :n[b]].astype(np.int32) for b in range(batch)]
@@ -392,6 +399,54 @@ class Sampler:
     stopped, full = np.asarray(out.stopped_b), np.asarray(out.full_b)
     done = active_b & (stopped | hit_budget | full)
     return RowStepsResult(tokens, logps, done, stopped, hit_budget, full, int(out.steps_run), int(version)), state
+
+  def append_rows(self, state: DecodeState, rows: Sequence[int], new_tokens: Sequence[Sequence[int]],
+                  weights=None) -> DecodeState:
+    """Row rows[i] caches new_tokens[i]; only those rows run through the model.
+
+    Same result as `append` with [] for every other row, at the cost of the
+    given rows (padded to a power of two with other rows that append
+    nothing). The passed state is donated. `weights`: params to prefill with.
+    """
+    batch = state.last_logits_bv.shape[0]
+    rows = [int(r) for r in rows]
+    if len(rows) != len(new_tokens):
+      raise ValueError(f"append_rows: {len(rows)} rows for {len(new_tokens)} token lists")
+    if not rows:
+      return state
+    if len(set(rows)) != len(rows) or min(rows) < 0 or max(rows) >= batch:
+      raise ValueError(f"append_rows: rows {rows} must be distinct and in [0, {batch})")
+    k = min(1 << (len(rows) - 1).bit_length(), batch)
+    if 2 * len(rows) > batch:  # most of the batch: a plain append wastes less than the gather
+      full = [[] for _ in range(batch)]
+      for r, ids in zip(rows, new_tokens):
+        full[r] = ids
+      return self.append(state, full, weights=weights)
+    pad = [r for r in range(batch) if r not in set(rows)][:k - len(rows)]
+    ids_k = [np.asarray(t, np.int64).reshape(-1) for t in new_tokens] + [np.zeros(0, np.int64)] * len(pad)
+    rows_k = np.asarray(rows + pad, np.int32)
+    n_k = np.array([len(t) for t in ids_k], np.int64)
+    for r, ids in zip(rows, ids_k):
+      if ids.size and (ids.min() < 0 or ids.max() >= self.cfg.vocab_size):
+        raise ValueError(f"append_rows: row {r} has token ids outside [0, {self.cfg.vocab_size})")
+    lengths_b, capacity = self._lengths_and_capacity(state)
+    over = [r for r, n in zip(rows, n_k) if lengths_b[r] + n > capacity]
+    if over:
+      raise ValueError(f"append_rows: rows {over} would exceed the cache capacity {capacity}")
+    params = self._params if weights is None else weights
+    chunk = self.length_buckets[-1]
+    for start in range(0, int(n_k.max()), chunk):
+      part_k = np.clip(n_k - start, 0, chunk)
+      t = chunk_bucket(int(part_k.max()), self.length_buckets)
+      tokens_kt = np.full((k, t), self.pad_id, np.int32)
+      for i in np.flatnonzero(part_k):
+        tokens_kt[i, :part_k[i]] = ids_k[i][start:start + part_k[i]]
+      ends = lengths_b[rows_k] + np.minimum(n_k, start) + part_k
+      state = self._fit(state, int(ends[part_k > 0].max()), capacity)
+      self._note_shape("append", ("rows", batch, k, state.cache.capacity, t))
+      state = self._append_rows_jit(params, state, jnp.asarray(rows_k), jnp.asarray(tokens_kt),
+                                    jnp.asarray(part_k, jnp.int32))
+    return state
 
   def clear_rows(self, state: DecodeState, rows: Sequence[int]) -> DecodeState:
     """Empties rows (length 0) so new sessions start there. The state is donated."""

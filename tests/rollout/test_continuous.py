@@ -177,6 +177,10 @@ class AppendSpy:
     self.total += sum(len(t) for t in new_tokens)
     return self.inner.append(state, new_tokens, **kw)
 
+  def append_rows(self, state, rows, new_tokens, **kw):
+    self.total += sum(len(t) for t in new_tokens)
+    return self.inner.append_rows(state, rows, new_tokens, **kw)
+
   def __getattr__(self, name):
     return getattr(self.inner, name)
 

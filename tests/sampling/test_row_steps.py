@@ -39,9 +39,13 @@ def test_an_action_decoded_in_pieces_equals_one_generate_call(sampler):
   late (as a refilled row does); tokens, behaviour log-probs and end flags
   equal one lockstep `generate` call with the same per-row keys.
 
-  Break checked: drawing token i with `fold_in(key, step)` instead of
+  Every other call returns once one row's action ended (`done_quota=1`): it
+  ran exactly as many steps as that row's last action took.
+
+  Breaks checked: drawing token i with `fold_in(key, step)` instead of
   `fold_in(key, offset + step)` in row_steps.py: the tokens differ from the
-  second call on (every row's 6th token onward).
+  second call on; the quota ignored in the loop condition: the step count
+  check fails.
   """
   rng = np.random.default_rng(0)
   lengths = [5, 19, 11, 8]
@@ -59,8 +63,12 @@ def test_an_action_decoded_in_pieces_equals_one_generate_call(sampler):
   while not done.all():
     active = ~done & (np.arange(4) < 3 if calls < 2 else True)
     offsets = [len(g) for g in got]
-    out, state = sampler.decode_rows(state, keys, offsets, [BUDGET] * 4, active, 5, params=HOT)
+    # Odd calls return as soon as one row's action ends (the scheduler's early refill).
+    out, state = sampler.decode_rows(state, keys, offsets, [BUDGET] * 4, active, 5, params=HOT,
+                                     done_quota=calls % 2)
     assert out.version == 7 and out.steps <= 5
+    if calls % 2 and out.done.any():
+      assert out.steps == max(len(out.tokens[r]) for r in np.flatnonzero(out.done))
     for r in np.flatnonzero(active):
       got[r] += out.tokens[r].tolist()
       logps[r] += out.logps[r].tolist()
@@ -116,6 +124,28 @@ def test_parked_rows_come_back_and_continue_exactly(sampler):
   for r, src in enumerate([2, 0, 1]):
     assert out.tokens[r].tolist() == ref.tokens[src].tolist()
     np.testing.assert_allclose(out.logps[r], ref.logps[src], atol=1e-5)
+
+
+def test_append_rows_equals_a_full_append(sampler):
+  """Prefilling 2 (padded to 2) and 3 (padded to 4) of 8 rows through
+  `append_rows`, a 300-token chunked prompt among them, leaves the same
+  caches, lengths and next-token logits as `append` with [] for the other
+  rows. Break checked: writing the prefilled rows back to `rows_k + 1`
+  (row_steps.append_to_rows): lengths and logits differ."""
+  rng = np.random.default_rng(4)
+  base = random_rows(rng, [5, 9, 3, 12, 7, 4, 6, 8], low=30)
+  turns = [{1: random_rows(rng, [300])[0], 6: random_rows(rng, [11])[0]},
+           {0: random_rows(rng, [4])[0], 3: random_rows(rng, [20])[0], 7: random_rows(rng, [2])[0]}]
+  full = sampler.append(sampler.init_state(8, 400), base)
+  part = sampler.append(sampler.init_state(8, 400), base)
+  for new in turns:
+    full = sampler.append(full, [new.get(r, []) for r in range(8)])
+    part = sampler.append_rows(part, sorted(new), [new[r] for r in sorted(new)])
+    np.testing.assert_array_equal(sampler.lengths(part), sampler.lengths(full))
+    np.testing.assert_allclose(np.asarray(part.last_logits_bv), np.asarray(full.last_logits_bv), atol=1e-5)
+  out_f, _ = sampler.generate(full, _keys(8), 6, params=HOT)
+  out_p, _ = sampler.generate(part, _keys(8), 6, params=HOT)
+  assert [t.tolist() for t in out_f.tokens] == [t.tolist() for t in out_p.tokens]
 
 
 def test_decode_rows_rejects_bad_arguments(sampler):
