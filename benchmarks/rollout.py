@@ -2,7 +2,7 @@
 prefill one prefill per group saves.
 
     flock /tmp/mtrl_heavy.lock python benchmarks/rollout.py          # the recorded run (~10 min)
-    python benchmarks/rollout.py --tasks 8 --reps 1 --rows 8         # a smoke run
+    python benchmarks/rollout.py --tasks 4 --group 2 --rows 4 --reps 1 --dim 64 --layers 2  # a smoke run
 
 Workload: `--tasks` tasks x `--group` sessions of a chatty env with
 `--min_turns`..`--max_turns` turns (by seed). Every env step sleeps a
@@ -123,13 +123,13 @@ def play(engine, a):
 
 def main():
   p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-  p.add_argument("--tasks", type=int, default=32)
+  p.add_argument("--tasks", type=int, default=16)
   p.add_argument("--group", type=int, default=4)
-  p.add_argument("--rows", type=lambda s: [int(x) for x in s.split(",")], default=[32, 16, 64],
+  p.add_argument("--rows", type=lambda s: [int(x) for x in s.split(",")], default=[16, 8, 32],
                  help="continuous decode rows; the first is the headline")
   p.add_argument("--chunk", type=int, default=16)
   p.add_argument("--budget", type=int, default=128)
-  p.add_argument("--stops", type=int, default=8)
+  p.add_argument("--stops", type=int, default=4)
   p.add_argument("--min_turns", type=int, default=2)
   p.add_argument("--max_turns", type=int, default=5)
   p.add_argument("--prompt_chars", type=int, default=300)
@@ -139,7 +139,7 @@ def main():
   p.add_argument("--dim", type=int, default=128)
   p.add_argument("--layers", type=int, default=4)
   p.add_argument("--reps", type=int, default=3)
-  p.add_argument("--warmups", type=int, default=2)
+  p.add_argument("--warmups", type=int, default=1)
   p.add_argument("--seed", type=int, default=0)
   a = p.parse_args()
 
