@@ -169,3 +169,39 @@ def test_decoupled_loss_on_sessions_that_span_the_switch(weights):
   np.testing.assert_allclose(met["total_loss"], loss, rtol=1e-4, atol=1e-6)
   # Were every token's behaviour the proximal one (no version mix), the loss would differ.
   assert abs(hand_loss(prox) - loss) > 100 * abs(met["total_loss"] - loss)
+
+
+def test_the_actor_pool_plays_the_continuous_engine():
+  """`AsyncSource` over a `ContinuousEngine` (2 rows, group prefill): at
+  eta = 0 with one actor playing whole batches, each update's sessions equal
+  `SyncSource` with the lockstep engine (the pool changes who plays, not
+  what), and the info carries what only the engine counted (prefill saved,
+  decode row steps), summed over the groups' metas.
+
+  Break checked: the actors' group meta without `prefill_saved`: the info
+  has no prefill saving (KeyError) and would count the records' prefill.
+  """
+  from mtrl_jax.train.async_source import AsyncSource
+  from mtrl_jax.train.source import SyncSource
+  _, _, _, params, sampler, engine = world()
+  sampler.set_params(copy_params(params), 0)
+  sync = SyncSource(RolloutEngine(sampler, TOK, SpreadEnv, group_size=G, turn_token_budget=BUDGET,
+                                  context_cap=128, num_env_threads=2, env_name="spread"), seed=3,
+                    tasks_per_update=2)
+  ref = [sync.next_batch(step) for step in range(2)]
+  cont = ContinuousEngine(sampler, TOK, SpreadEnv, group_size=G, turn_token_budget=BUDGET, context_cap=128,
+                          num_env_threads=2, env_name="spread", rows=2, chunk=CHUNK, group_prefill=True)
+  with AsyncSource(cont, params=params, version=0, seed=3, tasks_per_update=2, eta=0, actors=1,
+                   groups_per_chunk=2) as src:
+    for step in range(2):
+      src.publish(params, 0)
+      sessions, info = src.next_batch(step)
+      ref_sessions, ref_info = ref[step]
+      for a, b in zip(ref_sessions, sessions):
+        assert [t.action_ids.tolist() for t in a.turns] == [t.action_ids.tolist() for t in b.turns]
+        np.testing.assert_allclose(np.concatenate([t.logp for t in a.turns]),
+                                   np.concatenate([t.logp for t in b.turns]), atol=1e-5)
+      first = sum(len(s.turns[0].obs_ids) for s in sessions)
+      assert info["ledger/tokens_prefill_saved"] == first * (G - 1) // G
+      assert info["ledger/tokens_prefilled"] == ref_info["ledger/tokens_prefilled"] - first * (G - 1) // G
+      assert 0.5 < info["ledger/slot_utilisation"] <= 1.0
