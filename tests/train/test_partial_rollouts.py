@@ -205,3 +205,37 @@ def test_the_actor_pool_plays_the_continuous_engine():
       assert info["ledger/tokens_prefill_saved"] == first * (G - 1) // G
       assert info["ledger/tokens_prefilled"] == ref_info["ledger/tokens_prefilled"] - first * (G - 1) // G
       assert 0.5 < info["ledger/slot_utilisation"] <= 1.0
+
+
+class PublishAfterGenerate(PublishAfter):
+  """The same, after the `at`-th lockstep `generate` call."""
+
+  def generate(self, *a, **kw):
+    out = self.inner.generate(*a, **kw)
+    self.calls += 1
+    if self.calls == self.at:
+      self.board.publish(*self.new)
+    return out
+
+
+def test_lockstep_actor_stamps_the_turn_after_a_publish_exactly(weights):
+  """The lockstep engine in the actor pool moves to new weights between
+  turns. Weights 2 are published right after turn 0's generate call: turn 0
+  is version 0, turn 1 on version 2, and every token's behaviour log-prob
+  equals the token-by-token replay with the weights its version names,
+  including turn 1's first token, drawn from the logits of turn 1's prefill.
+
+  Break checked: the engine reading the version after the prefill (as it
+  did): the prefill runs on weights 0, the turn is stamped 2, and the replay
+  of each turn-1 first token is off.
+  """
+  _, _, _, _, sampler, _ = world()
+  board = ParamBoard(weights[0], 0)
+  actor = PublishAfterGenerate(ActorSampler(sampler, board, threading.Event()), board, 1, weights[2], 2)
+  eng = RolloutEngine(actor, TOK, SpreadEnv, group_size=G, turn_token_budget=BUDGET, context_cap=128,
+                      num_env_threads=2, env_name="spread")
+  sessions = eng.run(TASKS, jax.random.key(11)).sessions
+  for s in sessions:
+    assert [set(t.version.tolist()) for t in s.turns] == [{0}, {2}]
+    np.testing.assert_allclose(np.concatenate([t.logp for t in s.turns]), _replay_logps(sampler, weights, s),
+                               atol=1e-4)
