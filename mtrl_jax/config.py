@@ -75,6 +75,18 @@ def base_config() -> ml_collections.ConfigDict:
       # Several hosts: each samples on a mesh of its own devices (parallel/sampler_mesh.py);
       # () = (local devices, 1, 1), or tensor-split when the weights do not fit one device.
       local_mesh=(),
+      # Rollouts at scale (rollout/continuous.py, docs/rollout.md). continuous: a scheduler
+      # refills each decode row as soon as its session's action ends (else the lockstep engine);
+      # rows: its decode batch (0 = one row per session of a run); decode_chunk: decode steps per
+      # call; in_flight: sessions live at once, parked off the rows while on their env (0 = all).
+      continuous=False, rows=0, decode_chunk=16, in_flight=0,
+      # group_prefill: a task's G sessions prefill their shared prompt once (KV row copied).
+      group_prefill=False,
+      # partial: a session in flight when new weights are published continues under them from its
+      # next decode call (continuous engine, async actors); else a run finishes on its own weights.
+      partial=False,
+      # devices: the last N devices sample, the others train (parallel/device_split.py); 0 = shared.
+      devices=0,
   ))
   # Tree rollouts (rollout/tree.py, docs/trees.md): in the RL stage every live session forks into
   # `width` siblings at each turn of `branch_turns`; rl.group_size counts leaves (a multiple of
@@ -184,6 +196,7 @@ def validate(c: ml_collections.ConfigDict, num_devices: int | None = None) -> No
   _check(c.rollout.tree.token_budget >= 0, "rollout.tree.token_budget", "must be >= 0 (0 = no limit)")
   _check(len(tuple(c.rollout.local_mesh)) in (0, 3), "rollout.local_mesh",
          f"must be () (automatic) or a (data, fsdp, tensor) shape, got {tuple(c.rollout.local_mesh)}")
+  _validate_rollout_scale(c)
   import jax
   hosts = jax.process_count()
   v = c.value_pretrain
@@ -230,11 +243,31 @@ def validate(c: ml_collections.ConfigDict, num_devices: int | None = None) -> No
   _validate_mesh(c, num_devices)
 
 
+def _validate_rollout_scale(c) -> None:
+  r = c.rollout
+  _check(r.rows >= 0, "rollout.rows", f"must be >= 0 (0 = one row per session), got {r.rows}")
+  _check(r.decode_chunk >= 1, "rollout.decode_chunk", f"must be >= 1, got {r.decode_chunk}")
+  _check(r.in_flight >= 0, "rollout.in_flight", f"must be >= 0 (0 = every session of a run), got {r.in_flight}")
+  _check(not (r.continuous and r.tree.enabled), "rollout.continuous",
+         "tree rollouts fork rows in the lockstep layout; set rollout.tree.enabled=False or continuous=False")
+  _check(not (r.group_prefill and r.tree.enabled), "rollout.group_prefill",
+         "not with rollout.tree.enabled (a tree branching at turn 0 already shares its prompt)")
+  _check(not r.partial or r.continuous, "rollout.partial",
+         "needs rollout.continuous=True (the lockstep engine's actors move to new weights between turns)")
+  import jax
+  _check(r.devices >= 0, "rollout.devices", f"must be >= 0 (0 = sampler and learner share), got {r.devices}")
+  _check(r.devices == 0 or r.devices < jax.device_count(), "rollout.devices",
+         f"{r.devices} sampler devices leave none of the {jax.device_count()} to the learner")
+  _check(r.devices == 0 or jax.process_count() == 1, "rollout.devices",
+         "a sampler/learner split runs on one process (several hosts sample on their own devices already)")
+
+
 def _validate_mesh(c, num_devices):
   import numpy as np
   if num_devices is None:
     import jax
-    num_devices = jax.device_count()
+    # With rollout.devices the learner's mesh spans the devices the sampler does not take.
+    num_devices = jax.device_count() - c.rollout.devices
   from mtrl_jax.parallel.mesh import resolve_mesh_shape
   from mtrl_jax.parallel.rules import rules_from_config
   full = resolve_mesh_shape(tuple(c.mesh.shape), num_devices, field="config.mesh.shape")

@@ -110,6 +110,19 @@ class ActorSampler:
       raise ActorStopped()
     return self._pin()
 
+  def weights(self, latest: bool = True):
+    """(params, version) this actor decodes with; `latest` loads the newest published first.
+
+    The continuous engine calls it before each decode call (rollout/continuous.py):
+    with partial rollouts (latest=True) a session in flight moves to new weights
+    at the next call; without, the run keeps the weights it started with.
+    """
+    if self._stop.is_set():
+      raise ActorStopped()
+    if latest:
+      self._pin()
+    return self._inner.weights()
+
   def init_state(self, batch: int, capacity: int):
     # A new engine batch: its first prompts are prefilled with the newest
     # weights, not with those its previous batch ended on.
@@ -345,7 +358,8 @@ class ActorPool:
         share = 1.0 / ticket.num_groups
         meta = {"generate_s": res.timing.generate_s * share, "prefill_s": res.timing.prefill_s * share,
                 "env_s": res.timing.env_s * share, "rollout_s": res.timing.total_s * share,
-                "actor": slot.index}
+                "prefill_saved": res.ledger.prefill_saved_total * share,
+                "decode_row_steps": res.ledger.decode_row_steps * share, "actor": slot.index}
         # By group id, not by position: a tree engine leaves out the unborn
         # siblings of a session that ended before a branch turn.
         by_group = {gid: [] for gid in gids}

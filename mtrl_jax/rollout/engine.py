@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any, Callable, NamedTuple, Sequence
 import jax
 import numpy as np
 
+from mtrl_jax.rollout.group_prefill import append_once_per_group
 from mtrl_jax.rollout.ledger import TokenLedger
 from mtrl_jax.rollout.ownership import row_keys, session_keys
 from mtrl_jax.rollout.session import Session, make_turn
@@ -70,12 +71,14 @@ class RolloutEngine:
       defaults, `SamplingParams()`).
     num_env_threads: host threads stepping environments.
     env_name: recorded on sessions (default: the env's registry name).
+    group_prefill: a task's G sessions prefill their shared prompt and first
+      observation once; the others copy the KV row (rollout/group_prefill.py).
   """
 
   def __init__(self, sampler, tokenizer, env_factory: Callable[[], Any], *, group_size: int = 1,
                max_turns: int | None = None, turn_token_budget: int = 64, context_cap: int = 2048,
                sampling: SamplingParams | None = None, num_env_threads: int = 8,
-               env_name: str | None = None):
+               env_name: str | None = None, group_prefill: bool = False):
     if group_size < 1:
       raise ValueError(f"group_size must be >= 1, got {group_size}")
     if max_turns is not None and max_turns < 1:
@@ -94,6 +97,7 @@ class RolloutEngine:
     self.group_size, self.max_turns = group_size, max_turns
     self.turn_token_budget, self.context_cap = turn_token_budget, context_cap
     self.sampling, self.num_env_threads, self.env_name = sampling, num_env_threads, env_name
+    self.group_prefill = bool(group_prefill)
     stop = getattr(sampler, "stop_ids", None)
     self.stop_ids = frozenset(int(i) for i in stop) if stop is not None else frozenset({tokenizer.eos_id})
     # Ids stay unique across the runs of one engine (the learner mixes batches).
@@ -175,14 +179,21 @@ class RolloutEngine:
         rows = sorted(pending)
         new_tokens = [pending[r][1] if r in pending else [] for r in range(n)]
 
+        # Read (and, in the actor pool, loaded) before the prefill: the observation's last logits,
+        # which the turn's first token is drawn from, come from the weights stamped on it.
+        version = int(self.sampler.version)
         t0 = time.perf_counter()
-        state = jax.block_until_ready(self.sampler.append(state, new_tokens))
+        if turn == 0 and self.group_prefill:
+          state, prefilled, saved = append_once_per_group(self.sampler, state, pending, n, lambda r: r // g_size)
+          ledger.record_prefill_saved(turn, saved)
+        else:
+          state, prefilled = self.sampler.append(state, new_tokens), sum(len(pending[r][1]) for r in rows)
+        state = jax.block_until_ready(state)
         timing["prefill"] += time.perf_counter() - t0
-        ledger.record_prefill(turn, sum(len(pending[r][1]) for r in rows))
+        ledger.record_prefill(turn, prefilled)
 
         active = np.zeros(n, bool)
         active[rows] = True
-        version = int(self.sampler.version)
         t0 = time.perf_counter()
         out, state = self.sampler.generate(state, row_keys(keys, turn), self.turn_token_budget, active=active,
                                            params=self.sampling)
@@ -194,6 +205,8 @@ class RolloutEngine:
           stopped = bool(ids) and ids[-1] in self.stop_ids
           actions[r] = (ids, self.tokenizer.decode(ids[:-1] if stopped else ids))
           ledger.record_generated(turn, len(ids))
+        # Every row of the batch pays for every step the longest action took.
+        ledger.record_decode(n, max(len(actions[r][0]) for r in rows))
 
         t0 = time.perf_counter()
         steps = dict(zip(rows, pool.map(lambda r: _call(envs[r][0].step, actions[r][1]), rows)))

@@ -135,6 +135,9 @@ class TreeRolloutEngine(RolloutEngine):
             ledger.record_session(slots[r])
         if not pending:
           break
+        # Read (and, in the actor pool, loaded) before the prefill: the observation's last logits,
+        # which the turn's first token is drawn from, come from the weights stamped on it.
+        version = int(self.sampler.version)
         new_tokens = [pending[r][1] if r in pending else [] for r in range(n)]
         t0 = time.perf_counter()
         state = jax.block_until_ready(self.sampler.append(state, new_tokens))
@@ -149,7 +152,6 @@ class TreeRolloutEngine(RolloutEngine):
         rows = sorted(pending)
         active = np.zeros(n, bool)
         active[rows] = True
-        version = int(self.sampler.version)
         t0 = time.perf_counter()
         out, state = self.sampler.generate(state, row_keys(keys, turn), self.turn_token_budget, active=active,
                                            params=self.sampling)

@@ -17,7 +17,7 @@ of programs; each new one is logged and counted.
 from __future__ import annotations
 
 import threading
-from typing import Sequence
+from typing import NamedTuple, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -28,11 +28,24 @@ from flax import nnx
 from mtrl_jax.models.transformer import Transformer
 from mtrl_jax.sampling import decode
 from mtrl_jax.sampling import fork as fork_lib
+from mtrl_jax.sampling import row_steps
 from mtrl_jax.sampling.buckets import DEFAULT_LENGTH_BUCKETS, MIN_SLOTS, chunk_bucket, slots_bucket, steps_bucket
 from mtrl_jax.sampling.records import DecodeState, GenerateOut, SamplingParams
 from mtrl_jax.sampling.topk import keys_per_row, sample_mode
 
-__all__ = ["Sampler", "SamplingParams", "DecodeState", "GenerateOut"]
+__all__ = ["Sampler", "SamplingParams", "DecodeState", "GenerateOut", "RowStepsResult"]
+
+
+class RowStepsResult(NamedTuple):
+  """Host-side result of one `Sampler.decode_rows` call (numpy)."""
+  tokens: list  # per row: int32 ids generated in this call ([] when inactive)
+  logps: list  # per row: fp32 behaviour log-prob of each id
+  done: np.ndarray  # bool [B]: the row's action ended (stop id, budget or full cache)
+  stopped: np.ndarray  # bool [B]: it ended on a stop id
+  hit_budget: np.ndarray  # bool [B]: it ended on its budget
+  full: np.ndarray  # bool [B]: it ended on a full cache
+  steps: int  # decode steps the call ran (every row pays for each)
+  version: int  # version of the weights that decoded these tokens
 
 
 def _shape_signature(tree) -> dict:
@@ -53,11 +66,15 @@ class Sampler:
     log_compiles: log each new compiled shape with absl (they are counted
       either way, see `compile_count`).
     version: version number of `params` (stamped by callers on the tokens).
+    mesh: the devices the sampler's states live on (its own devices when
+      `rollout.devices` splits them from the learner's,
+      parallel/device_split.py); rows are split over the mesh's first axis
+      when the batch divides it, else replicated. None: the default device.
   """
 
   def __init__(self, graphdef: nnx.GraphDef, params: nnx.State, *, pad_id: int, stop_ids: Sequence[int],
                length_buckets: Sequence[int] = DEFAULT_LENGTH_BUCKETS, log_compiles: bool = True,
-               version: int = 0):
+               version: int = 0, mesh=None):
     model = nnx.merge(graphdef, params)
     if not isinstance(model, Transformer) or not model.has_lm_head:
       raise ValueError("Sampler needs a policy Transformer with an LM head (graphdef/params of nnx.split)")
@@ -75,10 +92,12 @@ class Sampler:
     self.stop_ids = tuple(sorted({int(i) for i in stop_ids}))
     self.length_buckets = buckets
     self.log_compiles = log_compiles
+    self.mesh = mesh
     self._lock = threading.Lock()
     self._params, self._version = params, int(version)
     self._signature = _shape_signature(params)
-    self._seen: dict[str, set] = {"append": set(), "generate": set(), "grow": set(), "fork": set()}
+    self._seen: dict[str, set] = {"append": set(), "generate": set(), "grow": set(), "fork": set(),
+                                  "rows": set(), "move": set()}
 
     def append_fn(params, state, tokens_bt, n_new_b):
       return decode.append_tokens(graphdef, params, state, tokens_bt, n_new_b)
@@ -94,6 +113,20 @@ class Sampler:
     self._gather_jit = jax.jit(fork_lib.gather_rows)
     self._copy_jit = jax.jit(fork_lib.copy_rows, donate_argnames=("state",))
 
+    def rows_fn(params, state, keys_b, offset_b, budget_b, active_b, temperature, top_p, done_quota, steps, mode):
+      return row_steps.decode_row_steps(graphdef, params, state, keys_b, offset_b, budget_b, active_b,
+                                        temperature, top_p, done_quota, stop_ids=self.stop_ids,
+                                        pad_id=self.pad_id, steps=steps, mode=mode)
+
+    self._rows_jit = jax.jit(rows_fn, static_argnames=("steps", "mode"), donate_argnames=("state",))
+
+    def append_rows_fn(params, state, rows_k, tokens_kt, n_new_k):
+      return row_steps.append_to_rows(graphdef, params, state, rows_k, tokens_kt, n_new_k)
+
+    self._append_rows_jit = jax.jit(append_rows_fn, donate_argnames=("state",))
+    self._move_jit = jax.jit(fork_lib.move_rows, donate_argnames=("dst",))
+    self._clear_jit = jax.jit(fork_lib.clear_rows, donate_argnames=("state",))
+
   @classmethod
   def from_model(cls, model: Transformer, **kw) -> "Sampler":
     graphdef, params = nnx.split(model)
@@ -107,6 +140,16 @@ class Sampler:
   @property
   def params(self) -> nnx.State:
     return self._params
+
+  def weights(self, latest: bool = True) -> tuple[nnx.State, int]:
+    """(params, version), read together: what a call made now decodes with.
+
+    `latest` means nothing here (the actor pool's `ActorSampler` loads the
+    newest published weights first when it is set).
+    """
+    del latest
+    with self._lock:
+      return self._params, self._version
 
   def set_params(self, params, version: int) -> None:
     """Swaps in new policy weights (same shapes and dtypes: no recompile).
@@ -135,7 +178,8 @@ class Sampler:
     if capacity <= 0:
       raise ValueError(f"init_state: capacity must be positive, got {capacity}")
     cache = nnx.merge(self.graphdef, self._params).init_cache(batch, min(capacity, MIN_SLOTS))
-    return DecodeState(cache, jnp.zeros((batch, self.cfg.vocab_size), jnp.float32), jnp.int32(capacity))
+    state = DecodeState(cache, jnp.zeros((batch, self.cfg.vocab_size), jnp.float32), jnp.int32(capacity))
+    return state if self.mesh is None else jax.device_put(state, fork_lib.state_shardings(state, self.mesh))
 
   def lengths(self, state: DecodeState) -> np.ndarray:
     """int [B]: tokens cached per row."""
@@ -210,12 +254,13 @@ class Sampler:
     return self._copy_jit(state, jnp.asarray(src), jnp.asarray(dst))
 
   # ----------------------------------------------------------------- append
-  def append(self, state: DecodeState, new_tokens: Sequence[Sequence[int]]) -> DecodeState:
+  def append(self, state: DecodeState, new_tokens: Sequence[Sequence[int]], weights=None) -> DecodeState:
     """Row b caches new_tokens[b] after its current tokens ([] leaves it alone).
 
     Only the new tokens are run through the model. Raises ValueError naming
     the row when a row would pass the capacity or holds an id outside the
     vocabulary. The passed state is donated: use the returned one.
+    `weights`: params to prefill with (default: the current ones).
     """
     batch = state.last_logits_bv.shape[0]
     if len(new_tokens) != batch:
@@ -233,7 +278,7 @@ class Sampler:
       r = int(over[0])
       raise ValueError(f"append: row {r} holds {lengths_b[r]} tokens, appending {n_b[r]} more "
                        f"exceeds the cache capacity {capacity} (rows over: {over.tolist()})")
-    params = self._params
+    params = self._params if weights is None else weights
     chunk = self.length_buckets[-1]
     for start in range(0, int(n_b.max()), chunk):
       part_b = np.clip(n_b - start, 0, chunk)
@@ -295,3 +340,157 @@ class Sampler:
     tokens = [out.tokens_bn[b, :out.n_gen_b[b]].astype(np.int32) for b in range(batch)]
     logps = [out.logps_bn[b, :out.n_gen_b[b]].astype(np.float32) for b in range(batch)]
     return GenerateOut(tokens, logps, np.asarray(out.hit_budget_b), np.asarray(out.ended_by_capacity_b)), state
+
+  # ------------------------------------------------------ continuous batching
+  def decode_rows(self, state: DecodeState, keys: jax.Array, offsets: Sequence[int], budgets: Sequence[int],
+                  active: np.ndarray, steps: int, params: SamplingParams = SamplingParams(),
+                  weights: tuple | None = None, done_quota: int = 0) -> tuple[RowStepsResult, DecodeState]:
+    """At most `steps` decode steps of each active row, each at its own place in its action.
+
+    keys: [B] typed keys, one per row (row b's token i of its action draws
+    with `fold_in(keys[b], i)`, as `generate` with per-row keys does);
+    offsets: tokens each row already generated for its current action;
+    budgets: each row's token budget for the whole action. A row's action
+    ends on a stop id, on its budget or on a full cache (`done`).
+    done_quota > 0: return as soon as that many rows' actions ended. `weights`:
+    a (params, version) pair from `weights()` (default: the current ones).
+    The passed state is donated: use the returned one.
+    See sampling/row_steps.py.
+    """
+    batch = state.last_logits_bv.shape[0]
+    active_b = np.asarray(active, bool).reshape(-1)
+    offset_b = np.asarray(offsets, np.int64).reshape(-1)
+    budget_b = np.asarray(budgets, np.int64).reshape(-1)
+    for name, x in (("active", active_b), ("offsets", offset_b), ("budgets", budget_b)):
+      if x.shape != (batch,):
+        raise ValueError(f"decode_rows: {name} has shape {x.shape}, expected ({batch},)")
+    if int(steps) != steps or steps < 1:
+      raise ValueError(f"decode_rows: steps must be an integer >= 1, got {steps}")
+    keys = jnp.asarray(keys)
+    if not keys_per_row(keys) or keys.shape[0] != batch:
+      raise ValueError(f"decode_rows: keys must hold one key per row ({batch}), got shape {keys.shape}")
+    lengths_b, capacity = self._lengths_and_capacity(state)
+    empty = np.flatnonzero(active_b & (lengths_b == 0))
+    if empty.size:
+      raise ValueError(f"decode_rows: active row {int(empty[0])} has an empty cache; append a prompt first")
+    weights_now, version = self.weights() if weights is None else weights
+    if not active_b.any():
+      none = [np.zeros((0,), np.int32) for _ in range(batch)]
+      nolp = [np.zeros((0,), np.float32) for _ in range(batch)]
+      zeros = np.zeros(batch, bool)
+      return RowStepsResult(none, nolp, zeros, zeros, zeros, zeros, 0, int(version)), state
+    mode = sample_mode(params, self.cfg.vocab_size)
+    buf = steps_bucket(int(steps))
+    left_b = np.maximum(np.minimum(budget_b - offset_b, int(steps)), 0)
+    state = self._fit(state, int(np.minimum(lengths_b[active_b] + left_b[active_b], capacity).max()), capacity)
+    self._note_shape("rows", (batch, state.cache.capacity, buf, mode))
+    # The loop runs `steps` iterations at most; the buffer is the bucketed size.
+    budget_now = np.minimum(budget_b, offset_b + int(steps))
+    state, out = self._rows_jit(weights_now, state, keys, jnp.asarray(offset_b, jnp.int32),
+                                jnp.asarray(budget_now, jnp.int32), jnp.asarray(active_b),
+                                jnp.float32(params.temperature), jnp.float32(params.top_p),
+                                jnp.int32(done_quota), steps=buf, mode=mode)
+    out = jax.device_get(out)
+    n = np.asarray(out.n_gen_b)
+    tokens = [out.tokens_bn[b, :n[b]].astype(np.int32) for b in range(batch)]
+    logps = [out.logps_bn[b, :n[b]].astype(np.float32) for b in range(batch)]
+    # A row that used up this call's steps but not its own budget goes on next call.
+    hit_budget = np.asarray(out.hit_budget_b) & (offset_b + n >= budget_b)
+    stopped, full = np.asarray(out.stopped_b), np.asarray(out.full_b)
+    done = active_b & (stopped | hit_budget | full)
+    return RowStepsResult(tokens, logps, done, stopped, hit_budget, full, int(out.steps_run), int(version)), state
+
+  def append_rows(self, state: DecodeState, rows: Sequence[int], new_tokens: Sequence[Sequence[int]],
+                  weights=None) -> DecodeState:
+    """Row rows[i] caches new_tokens[i]; only those rows run through the model.
+
+    Same result as `append` with [] for every other row, at the cost of the
+    given rows (padded to a power of two with other rows that append
+    nothing). The passed state is donated. `weights`: params to prefill with.
+    """
+    batch = state.last_logits_bv.shape[0]
+    rows = [int(r) for r in rows]
+    if len(rows) != len(new_tokens):
+      raise ValueError(f"append_rows: {len(rows)} rows for {len(new_tokens)} token lists")
+    if not rows:
+      return state
+    if len(set(rows)) != len(rows) or min(rows) < 0 or max(rows) >= batch:
+      raise ValueError(f"append_rows: rows {rows} must be distinct and in [0, {batch})")
+    k = min(1 << (len(rows) - 1).bit_length(), batch)
+    if 2 * len(rows) > batch:  # most of the batch: a plain append wastes less than the gather
+      full = [[] for _ in range(batch)]
+      for r, ids in zip(rows, new_tokens):
+        full[r] = ids
+      return self.append(state, full, weights=weights)
+    pad = [r for r in range(batch) if r not in set(rows)][:k - len(rows)]
+    ids_k = [np.asarray(t, np.int64).reshape(-1) for t in new_tokens] + [np.zeros(0, np.int64)] * len(pad)
+    rows_k = np.asarray(rows + pad, np.int32)
+    n_k = np.array([len(t) for t in ids_k], np.int64)
+    for r, ids in zip(rows, ids_k):
+      if ids.size and (ids.min() < 0 or ids.max() >= self.cfg.vocab_size):
+        raise ValueError(f"append_rows: row {r} has token ids outside [0, {self.cfg.vocab_size})")
+    lengths_b, capacity = self._lengths_and_capacity(state)
+    over = [r for r, n in zip(rows, n_k) if lengths_b[r] + n > capacity]
+    if over:
+      raise ValueError(f"append_rows: rows {over} would exceed the cache capacity {capacity}")
+    params = self._params if weights is None else weights
+    chunk = self.length_buckets[-1]
+    for start in range(0, int(n_k.max()), chunk):
+      part_k = np.clip(n_k - start, 0, chunk)
+      t = chunk_bucket(int(part_k.max()), self.length_buckets)
+      tokens_kt = np.full((k, t), self.pad_id, np.int32)
+      for i in np.flatnonzero(part_k):
+        tokens_kt[i, :part_k[i]] = ids_k[i][start:start + part_k[i]]
+      ends = lengths_b[rows_k] + np.minimum(n_k, start) + part_k
+      state = self._fit(state, int(ends[part_k > 0].max()), capacity)
+      self._note_shape("append", ("rows", batch, k, state.cache.capacity, t))
+      state = self._append_rows_jit(params, state, jnp.asarray(rows_k), jnp.asarray(tokens_kt),
+                                    jnp.asarray(part_k, jnp.int32))
+    return state
+
+  def clear_rows(self, state: DecodeState, rows: Sequence[int]) -> DecodeState:
+    """Empties rows (length 0) so new sessions start there. The state is donated."""
+    idx = self._row_index(rows, state.last_logits_bv.shape[0], "clear_rows")
+    if idx is None:
+      return state
+    self._note_shape("move", ("clear", state.last_logits_bv.shape[0], state.cache.capacity, idx.size))
+    return self._clear_jit(state, jnp.asarray(idx))
+
+  def move_rows(self, src: DecodeState, src_rows: Sequence[int], dst: DecodeState,
+                dst_rows: Sequence[int]) -> tuple[DecodeState, DecodeState]:
+    """Copies rows of one state into rows of another: (src, dst) after the move.
+
+    Row dst_rows[i] of `dst` becomes row src_rows[i] of `src` (cache,
+    length, logits). The smaller of the two caches is first grown to the
+    other's allocated slots (so `src` may come back as a new state); `dst`
+    is donated.
+    """
+    s_idx = self._row_index(src_rows, src.last_logits_bv.shape[0], "move_rows (src)", unique=False)
+    d_idx = self._row_index(dst_rows, dst.last_logits_bv.shape[0], "move_rows (dst)")
+    if (s_idx is None) != (d_idx is None) or (s_idx is not None and s_idx.size != d_idx.size):
+      raise ValueError(f"move_rows: {len(src_rows)} source rows for {len(dst_rows)} destinations")
+    if s_idx is None:
+      return src, dst
+    slots = max(src.cache.capacity, dst.cache.capacity)
+    if src.cache.capacity < slots:
+      self._note_shape("grow", (src.last_logits_bv.shape[0], src.cache.capacity, slots))
+      src = self._grow_jit(src, slots=slots)
+    if dst.cache.capacity < slots:
+      self._note_shape("grow", (dst.last_logits_bv.shape[0], dst.cache.capacity, slots))
+      dst = self._grow_jit(dst, slots=slots)
+    self._note_shape("move", ("move", src.last_logits_bv.shape[0], dst.last_logits_bv.shape[0], slots,
+                              s_idx.size))
+    return src, self._move_jit(src, jnp.asarray(s_idx), dst, jnp.asarray(d_idx))
+
+  @staticmethod
+  def _row_index(rows: Sequence[int], batch: int, what: str, unique: bool = True) -> np.ndarray | None:
+    """int32 row indices padded to a power of two (the last repeated: bounded shapes), or None if empty."""
+    idx = np.asarray(rows, np.int64).reshape(-1)
+    if idx.size == 0:
+      return None
+    if idx.min() < 0 or idx.max() >= batch:
+      raise ValueError(f"{what}: rows {idx.tolist()} outside [0, {batch})")
+    if unique and len(set(idx.tolist())) != idx.size:
+      raise ValueError(f"{what}: rows repeat: {idx.tolist()}")
+    size = 1 << (int(idx.size) - 1).bit_length()
+    return np.concatenate([idx, np.full(size - idx.size, idx[-1])]).astype(np.int32)

@@ -150,8 +150,10 @@ class AsyncSource:
     hist = np.bincount(st, minlength=self.eta + 1) if st.size else np.zeros(self.eta + 1, np.int64)
     timing = {f"time/{k}": float(sum(g.meta.get(k, 0.0) for g in batch.groups))
               for k in ("generate_s", "prefill_s", "env_s", "rollout_s")}
+    # What the engines counted and the records cannot show (group prefill, decode row steps).
+    counted = {k: round(sum(g.meta.get(k, 0.0) for g in batch.groups)) for k in ("prefill_saved", "decode_row_steps")}
     info = {
-        **TokenLedger.from_sessions(sessions).to_metrics(), **timing,
+        **TokenLedger.from_sessions(sessions, **counted).to_metrics(), **timing,
         "rollout/rounds": 1,
         "rollout/success": float(np.mean([bool(s.success) for s in sessions])),
         "rollout/return": float(np.mean([s.episode_return for s in sessions if not s.env_error] or [0.0])),

@@ -28,6 +28,7 @@ from mtrl_jax.models.tokenizer import ByteTokenizer, HFTokenizer
 from mtrl_jax.models.transformer import Transformer
 from mtrl_jax.models.value import Critic, PolicyWithValueHead
 from mtrl_jax.parallel.batch import num_batch_shards, put_global_batch
+from mtrl_jax.parallel.device_split import SplitSamplerWeights, split_devices
 from mtrl_jax.parallel.distributed import initialize_from_config
 from mtrl_jax.parallel.host_exchange import allgather_objects, barrier, is_multihost
 from mtrl_jax.parallel.mesh import mesh_from_config
@@ -59,7 +60,9 @@ class Run:
     initialize_from_config(c.distributed)
     config_lib.validate(c)
     os.makedirs(workdir, exist_ok=True)
-    self.mesh = mesh_from_config(c.mesh)
+    # rollout.devices: the sampler gets the last devices, the learner's mesh the rest.
+    self.split = split_devices(c.rollout.devices)
+    self.mesh = mesh_from_config(c.mesh, None if self.split.shared else self.split.learner)
     self.rules = rules_from_config(c.mesh)
     self.is_main = jax.process_index() == 0
     self.tok = HFTokenizer(c.hf_dir) if c.hf_dir else ByteTokenizer()
@@ -118,10 +121,16 @@ class Run:
                            total_updates=c.rl.steps, tokenizer=self.tok)
     self.learner.version = int(self.meta.get("version", 0))
     # Several hosts: every host samples on its own devices (parallel/sampler_mesh.py).
-    self.weights = SamplerWeights(self.learner.policy_params_for_sampler(), self.rules,
-                                  tuple(c.rollout.local_mesh))
+    # With rollout.devices, on its own devices (parallel/device_split.py).
+    if self.split.shared:
+      self.weights = SamplerWeights(self.learner.policy_params_for_sampler(), self.rules,
+                                    tuple(c.rollout.local_mesh))
+    else:
+      self.weights = SplitSamplerWeights(self.learner.policy_params_for_sampler(), self.rules,
+                                         self.split.sampler, tuple(c.rollout.local_mesh))
     self.sampler = Sampler(self.sampler_gd, self.weights(self.learner.policy_params_for_sampler()),
-                           pad_id=self.tok.pad_id, stop_ids=(self.tok.eos_id,), version=self.learner.version)
+                           pad_id=self.tok.pad_id, stop_ids=(self.tok.eos_id,), version=self.learner.version,
+                           mesh=None if self.split.shared else self.weights.mesh)
 
   def _warm_start(self, source: str):
     """The policy of another run's workdir (config.init_from) after its sft stage."""
@@ -198,7 +207,11 @@ class Run:
       from mtrl_jax.rollout.tree import TreeRolloutEngine, TreeSpec
       spec = TreeSpec(tuple(r.tree.branch_turns), r.tree.width)
       return TreeRolloutEngine(self.sampler, self.tok, self._env_factory(), tree=spec, **kw)
-    return RolloutEngine(self.sampler, self.tok, self._env_factory(), **kw)
+    if r.continuous:  # docs/rollout.md
+      from mtrl_jax.rollout.continuous import ContinuousEngine
+      return ContinuousEngine(self.sampler, self.tok, self._env_factory(), rows=r.rows, chunk=r.decode_chunk,
+                              in_flight=r.in_flight, partial=r.partial, group_prefill=r.group_prefill, **kw)
+    return RolloutEngine(self.sampler, self.tok, self._env_factory(), group_prefill=r.group_prefill, **kw)
 
   def _train_sampling(self) -> SamplingParams:
     r = self.c.rollout

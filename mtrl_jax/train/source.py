@@ -93,7 +93,8 @@ class SyncSource:
 
 
 _RATIOS = {"ledger/turns_per_session": ("ledger/turns", "ledger/sessions"),
-           "ledger/generated_per_turn": ("ledger/tokens_generated", "ledger/turns")}
+           "ledger/generated_per_turn": ("ledger/tokens_generated", "ledger/turns"),
+           "ledger/slot_utilisation": ("ledger/tokens_generated", "ledger/decode_row_steps")}
 
 
 def merge_host_infos(infos: Sequence[dict], sessions: Sequence[Session]) -> dict:
