@@ -1,9 +1,10 @@
 """Warm start: behaviour cloning on recorded demonstrations.
 
 Demo sessions (dicts from `mtrl_jax.data.demos`) are laid out exactly as
-rollouts are (`tokenizer.observation_ids` + action bytes + eos per turn), so
-the policy learns the same format it will be sampled in. Only action tokens
-are targets.
+rollouts are (per turn: the prefill ids of `continuation_ids`, then the
+action's ids and the end-of-action id), so the policy learns the same format
+it will be sampled in (with a chat template: the template's). Only action
+tokens are targets.
 """
 from __future__ import annotations
 
@@ -11,6 +12,8 @@ from typing import Sequence
 
 import numpy as np
 
+from mtrl_jax.models.chat import HistoryTurn
+from mtrl_jax.models.tokenizer import continuation_ids
 from mtrl_jax.rollout.row_packing import pack_rows, plan_rows
 from mtrl_jax.train.lm_step import LMBatch
 
@@ -19,9 +22,11 @@ def demo_tokens(session: dict, tokenizer) -> tuple[np.ndarray, np.ndarray]:
   """(tokens, loss mask) of one demo session; mask 1 on action tokens and their eos."""
   toks: list[int] = []
   mask: list[int] = []
-  for t, turn in enumerate(session["turns"]):
-    obs = tokenizer.observation_ids(turn["observation"], session["prompt"] if t == 0 else None)
+  history: list[HistoryTurn] = []
+  for turn in session["turns"]:
+    obs = continuation_ids(tokenizer, session["prompt"], history, turn["observation"])
     act = list(tokenizer.encode(turn["action"])) + [tokenizer.eos_id]
+    history.append(HistoryTurn(turn["observation"], obs, act))
     toks += obs + act
     mask += [0] * len(obs) + [1] * len(act)
   return np.asarray(toks, np.int32), np.asarray(mask, np.float32)
