@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Sequence
 
 import numpy as np
+from absl import logging
 
 from mtrl_jax.models.chat import HistoryTurn
 from mtrl_jax.models.tokenizer import continuation_ids
@@ -41,11 +42,18 @@ class DemoBatcher:
 
   def __init__(self, sessions: Sequence[dict], tokenizer, batch_size: int, seed: int,
                only_successful: bool = False, max_len: int | None = None, pack: bool = False,
-               row_multiple: int = 1):
+               row_multiple: int = 1, context_cap: int | None = None):
     rows = [demo_tokens(s, tokenizer) for s in sessions if s["success"] or not only_successful]
     if not rows:
       raise ValueError("no demonstrations to train on (config.sft.only_successful filtered all out?)")
     longest = max(len(t) for t, _ in rows)
+    self.over_cap = int(np.sum([len(t) > context_cap for t, _ in rows])) if context_cap else 0
+    if self.over_cap:
+      # Rollouts end a session before it outgrows the cache: the warm start then
+      # teaches turns the policy never reaches (issue 22: a 256 cap, 511-token demos).
+      logging.warning("config.rollout.context_cap=%d is below %d of %d demo sessions (longest %d tokens "
+                      "with this tokenizer / chat template): rollouts will end those early",
+                      context_cap, self.over_cap, len(rows), longest)
     self.length = max_len or int(2 ** np.ceil(np.log2(max(longest, 16))))
     if longest > self.length:
       raise ValueError(f"a demo session has {longest} tokens, more than max_len={self.length}")
