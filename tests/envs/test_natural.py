@@ -20,9 +20,10 @@ VARIANTS = [
 def test_same_episode_as_terse_but_in_english(name, kwargs):
   """Natural style changes the words only: for the same seed and actions the
   rewards, end flags and info are the terse ones; the texts differ and are
-  sentences. Break checked: natural_observation called before the turn
-  counter moves (memory reveals the code at turn 2); an arm parsed from the
-  natural reply differently from the terse one (bifurcation rewards differ)."""
+  sentences that show the same symbols. Break checked: natural_observation
+  called before the turn counter moves (the letter to echo is the previous
+  one); an arm parsed from the natural reply differently from the terse one
+  (bifurcation rewards differ)."""
   rng = random.Random(3)
   for seed in range(6):
     terse, nat = envs.make(name, **kwargs), envs.make(name, style="natural", **kwargs)
@@ -34,8 +35,25 @@ def test_same_episode_as_terse_but_in_english(name, kwargs):
       x, y = terse.step(action), nat.step(action)
       assert (x.reward, x.terminated, x.truncated, x.info) == (y.reward, y.terminated, y.truncated, y.info)
       assert y.observation != x.observation and y.observation.rstrip()[-1] in "?.!"
+      _same_information(x.observation, y.observation)
       if x.terminated or x.truncated:
         break
+
+
+def _same_information(terse: str, natural: str):
+  """Every symbol the terse text shows (a code, a letter to echo, a number),
+  and every map / program line, is in the natural text."""
+  import re
+  words = set(re.findall(r"[\w-]+", natural))
+  shown = "\n".join(ln for ln in terse.splitlines() if not ln.startswith("key "))  # keydoor's flag: a sentence
+  for sym in re.findall(r"(?<![\w-])[\w-]{1,2}(?![\w-])", shown):
+    if sym not in ("f", "ok"):
+      assert sym in words, (sym, terse, natural)
+  lines = terse.splitlines()
+  if len(lines) > 1:
+    for line in lines:
+      if not line.startswith("key "):
+        assert line in natural.splitlines(), (line, natural)
 
 
 @pytest.mark.parametrize("name", ["memory", "keydoor", "repair"])
