@@ -1,7 +1,11 @@
 """mtrl_jax: multi-turn RL for language-model agents in JAX."""
 from setuptools import find_packages, setup
 
-HF = ["torch==2.13.0", "transformers>=4.44", "safetensors>=0.4"]
+# Loading HF folders, the transformers oracle, GGUF import (gguf dequantizes;
+# accelerate is what transformers needs to read a GGUF in the tests), chat
+# templates (jinja2) and tokenizer.json files (tokenizers).
+HF = ["torch==2.13.0", "transformers>=4.44", "safetensors>=0.4", "tokenizers>=0.19", "jinja2>=3.1.6",
+      "gguf>=0.10", "accelerate>=0.30"]
 TEXTARENA = ["textarena>=0.7"]
 
 setup(

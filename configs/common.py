@@ -1,5 +1,5 @@
 """What the config families share: the default job, a smoke-test size, and `:ARGS` knobs."""
-from mtrl_jax.config import base_config
+from mtrl_jax.config import base_config, env_kwargs_for
 from mtrl_jax.config_args import parse_args
 
 
@@ -58,6 +58,8 @@ def build(arg, *, estimators, default_estimator, critic, extra=None):
   c.env.name = a["env"]
   c.env.kwargs = {"memory": {"length": a["horizon"], "hint": True, "code_alphabet": "letters"}, "keydoor": {"size": a["horizon"] + 2},
                   "repair": {"bugs": max(1, a["horizon"] // 3)}}.get(a["env"], {})
+  if a["env"] == "textarena":  # every argument present: --config.env.kwargs.game=Sokoban-v0 works
+    c.env.kwargs = env_kwargs_for("textarena")
   c.critic.kind = critic
   c.rl.estimator = a["estimator"]
   kw = {}

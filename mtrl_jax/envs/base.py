@@ -17,7 +17,13 @@ import abc
 import copy
 import hashlib
 import random
+import re
 from typing import Any, NamedTuple, Sequence
+
+# How a built-in env talks: 'terse' is the compact protocol made for the byte
+# model ("peek or skip?"); 'natural' is plain English a pretrained instruct
+# model can read, with lenient parsing of its replies ("I will peek." -> peek).
+STYLES = ("terse", "natural")
 
 
 class Reset(NamedTuple):
@@ -77,6 +83,8 @@ class Env(abc.ABC):
     self.turn = 0
     self.done = False
     out = self._reset(self.seed)
+    if self.natural:
+      out = Reset(self.natural_prompt(), self.natural_observation(str(out.observation), None))
     return Reset(str(out.prompt), str(out.observation))
 
   def step(self, action: str) -> Step:
@@ -85,9 +93,12 @@ class Env(abc.ABC):
     if self.done:
       raise RuntimeError(f"{self.describe()}: step() after the episode ended; call reset(seed).")
     action = str(action)
-    out = self._step(action)
+    # A natural-style reply is read leniently; the env logic sees the canonical action.
+    out = self._step(self.natural_action(action) if self.natural else action)
     self.actions.append(action)
     self.turn += 1
+    if self.natural:
+      out = out._replace(observation=self.natural_observation(str(out.observation), out))
     info = dict(out.info)
     info.setdefault("invalid_action", False)
     terminated, truncated = bool(out.terminated), bool(out.truncated)
@@ -97,6 +108,24 @@ class Env(abc.ABC):
       info.setdefault("success", False)
       self.done = True
     return Step(str(out.observation), float(out.reward), terminated, truncated, info)
+
+  # -- styles (see STYLES) --------------------------------------------------
+
+  @property
+  def natural(self) -> bool:
+    return getattr(self, "style", "terse") == "natural"
+
+  def natural_prompt(self) -> str:
+    raise NotImplementedError(f"{type(self).__name__} has no natural style")
+
+  def natural_observation(self, terse: str, step: "Step | None") -> str:
+    """The natural-style text of an observation (after `turn` actions; `step`
+    is None at reset), given the terse one and the env's state."""
+    raise NotImplementedError(f"{type(self).__name__} has no natural style")
+
+  def natural_action(self, reply: str) -> str:
+    """The canonical action a natural-style reply names (else the reply: invalid)."""
+    return reply
 
   # -- copies ---------------------------------------------------------------
 
@@ -174,6 +203,31 @@ class Env(abc.ABC):
     specific one (memory: not paying to peek) overrides it.
     """
     return self.random_action(rng)
+
+
+def check_style(env_name: str, style: str) -> str:
+  if style not in STYLES:
+    raise ValueError(f"{env_name}: style must be one of {STYLES}, got {style!r}")
+  return style
+
+
+_PUNCT = " \t\n\r.,;:!?\"'`*()[]{}<>"
+
+
+def pick_option(reply: str, options: Sequence[str]) -> str | None:
+  """The one option a free-text reply names, or None.
+
+  The reply itself (case, quotes, brackets and trailing punctuation ignored)
+  if it is an option; else the only option appearing in it as a word
+  ("I will peek." -> "peek"); replies naming none or several are None.
+  """
+  lowered = {o.lower(): o for o in options}
+  text = reply.strip().strip(_PUNCT).lower()
+  if text in lowered:
+    return lowered[text]
+  words = set(re.findall(r"[\w]+", reply.lower()))
+  found = [o for low, o in lowered.items() if low in words]
+  return found[0] if len(found) == 1 else None
 
 
 def replay(env: Env, seed: int, actions: Sequence[str]) -> Env:

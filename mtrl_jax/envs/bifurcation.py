@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import random
 
-from mtrl_jax.envs.base import Env, Reset, Step
+from mtrl_jax.envs.base import Env, Reset, Step, check_style, pick_option
 from mtrl_jax.envs.memory import ECHO_SYMBOLS
 from mtrl_jax.envs.registry import register
 
@@ -37,7 +37,7 @@ class Bifurcation(Env):
   """Pick an arm, echo `length` letters through reward noise, collect the arm's payoff."""
 
   def __init__(self, length: int = 4, cost: float = 0.1, p_good: float = 0.95, p_bad: float = 0.3,
-               noise: float = 0.1, invalid_penalty: float = 0.0):
+               noise: float = 0.1, invalid_penalty: float = 0.0, style: str = "terse"):
     """
     Args:
       length: distractor turns between the choice and the payoff (>= 0).
@@ -48,6 +48,8 @@ class Bifurcation(Env):
         arm that is neither left nor right, a wrong echo, a last reply other than
         `done`). Nothing else rewards the format after turn 0, and RL drifts it
         (empty replies) while the noise pushes the echo tokens at random.
+      style: 'terse' (the byte model's protocol) or 'natural' (English, as
+        much said as the terse prompt: which arm pays better is for RL to find).
     """
     if length < 0:
       raise ValueError(f"bifurcation: length must be >= 0, got {length}")
@@ -61,6 +63,7 @@ class Bifurcation(Env):
     self.length, self.cost, self.noise = length, float(cost), float(noise)
     self.invalid_penalty = float(invalid_penalty)
     self.p_good, self.p_bad = float(p_good), float(p_bad)
+    self.style = check_style("bifurcation", style)
     self.max_turns = length + 2
 
   def _cue(self, t: int) -> str:
@@ -107,6 +110,28 @@ class Bifurcation(Env):
       return None
     p = self.p_good if decision == "left" else self.p_bad
     return p - (self.cost if decision == "left" and turn == 0 else 0.0)
+
+  # -- style='natural' ------------------------------------------------------
+
+  def natural_prompt(self) -> str:
+    return (f"You stand at a fork with two paths, left and right. Taking left costs {self.cost:g} points "
+            "at once, right is free. Then you answer a few simple questions. At the end your path may pay "
+            "1 point; one path pays far more often than the other. Always reply with a single word.")
+
+  def natural_observation(self, terse: str, step) -> str:
+    t = self.turn
+    if step is None:
+      return "Which path do you take: left or right?"
+    if t <= self.length:
+      return f"Say the letter {self.tokens[t - 1]}."
+    if t == self.length + 1:
+      return "Say done to reach the end of the path."
+    return "Your path paid 1 point!" if step.info.get("success") else "Your path paid nothing."
+
+  def natural_action(self, reply: str) -> str:
+    t = self.turn
+    options = ARMS if t == 0 else (self.tokens[t - 1],) if t <= self.length else ("done",)
+    return pick_option(reply, options) or reply.strip()
 
   def expert_action(self) -> str:
     t = self.turn

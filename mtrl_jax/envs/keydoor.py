@@ -19,8 +19,9 @@ from __future__ import annotations
 
 import collections
 import random
+import re
 
-from mtrl_jax.envs.base import Env, Reset, Step
+from mtrl_jax.envs.base import Env, Reset, Step, check_style, pick_option
 from mtrl_jax.envs.registry import register
 
 MOVES = {"up": (-1, 0), "down": (1, 0), "left": (0, -1), "right": (0, 1)}
@@ -32,7 +33,7 @@ class KeyDoor(Env):
   """Pick up the key, then open the door, on a small grid or corridor."""
 
   def __init__(self, size: int = 5, corridor: bool = False, view: int | None = None,
-               max_turns: int | None = None):
+               max_turns: int | None = None, style: str = "terse"):
     """
     Args:
       size: grid side (or corridor length); distances grow with it.
@@ -41,6 +42,8 @@ class KeyDoor(Env):
         observability).
       max_turns: horizon; default 4 * size + 4 (the expert needs at most about
         2 * (rows + cols) + 2).
+      style: 'terse' (the byte model's protocol) or 'natural' (English
+        prompt and a legend with the map; the map itself is the same).
     """
     if size < 3:
       raise ValueError(f"keydoor: size must be >= 3, got {size}")
@@ -48,6 +51,7 @@ class KeyDoor(Env):
       raise ValueError(f"keydoor: view must be None or >= 1, got {view}")
     self.rows, self.cols = (1, size) if corridor else (size, size)
     self.view = view
+    self.style = check_style("keydoor", style)
     self.max_turns = max_turns if max_turns is not None else 4 * size + 4
 
   def _reset(self, seed: int) -> Reset:
@@ -82,6 +86,28 @@ class KeyDoor(Env):
       cols = range(ac - v, ac + v + 1)
     lines = ["".join(cell(r, c) for c in cols) for r in rows]
     return "\n".join(lines + [f"key {int(self.has_key)}"])
+
+  # -- style='natural' ------------------------------------------------------
+
+  def natural_prompt(self) -> str:
+    where = "a corridor" if self.rows == 1 else f"a {self.rows} by {self.cols} grid"
+    seen = "the whole map" if self.view is None else f"only the cells within {self.view} steps of you"
+    return (f"You are the A on {where}; you see {seen}. Walk onto the key k and pick it up, then stand "
+            "next to the door D and open it: that earns 1 point. Moves: up, down, left, right; pick takes "
+            "the key, open opens the door. Reply with one of: up, down, left, right, pick, open.")
+
+  def natural_observation(self, terse: str, step) -> str:
+    if step is not None and step.terminated:
+      return "The door is open!"
+    grid = terse.rsplit("\n", 1)[0]
+    held = "You hold the key." if self.has_key else "You do not have the key yet."
+    oops = " That move did nothing." if step is not None and step.info.get("invalid_action") else ""
+    return f"Map (A you, k key, D door, . floor, # outside):\n{grid}\n{held}{oops} Your move?"
+
+  def natural_action(self, reply: str) -> str:
+    if re.search(r"\bpick(ed|s)?\s+(it\s+)?up\b", reply.lower()):
+      return "pick"  # "pick up the key": not a move up
+    return pick_option(reply, ACTIONS) or reply.strip()
 
   def _adjacent(self, a, b) -> bool:
     return abs(a[0] - b[0]) + abs(a[1] - b[1]) == 1

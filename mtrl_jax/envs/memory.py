@@ -13,13 +13,17 @@ credit sees the cost and under-weights the payoff; full-episode credit does not.
   q     -> "say m"
   m     -> "answer?"
   7     -> "right"             (reward +1.0, terminated, success)
+
+style='natural' says the same in English for a pretrained chat model
+("Do you want to peek at the secret code, or skip? ...", "The code is 7. Now
+say the letter q.") and reads its replies leniently ("I will peek." is peek).
 """
 from __future__ import annotations
 
 import random
 import string
 
-from mtrl_jax.envs.base import Env, Reset, Step
+from mtrl_jax.envs.base import Env, Reset, Step, check_style, pick_option
 from mtrl_jax.envs.registry import register
 
 CODE_SYMBOLS = string.digits + string.ascii_uppercase   # codes: 0-9, then A-Z
@@ -32,7 +36,7 @@ class Memory(Env):
 
   def __init__(self, length: int = 3, num_codes: int = 10, peek_cost: float = 0.05,
                distractor: str = "echo", hint: bool = False, code_alphabet: str = "digits",
-               invalid_penalty: float = 0.0):
+               invalid_penalty: float = 0.0, style: str = "terse"):
     """
     Args:
       length: distractor turns between the choice and the question (>= 0).
@@ -52,6 +56,7 @@ class Memory(Env):
         in place: RL lets them drift, and the drift spoils the copy the final
         answer needs. The penalty keeps the format; the turn-0 choice still
         decides the outcome turns later.
+      style: 'terse' (the byte model's protocol) or 'natural' (English).
     """
     if length < 0:
       raise ValueError(f"memory: length must be >= 0, got {length}")
@@ -72,6 +77,7 @@ class Memory(Env):
     self.peek_cost = float(peek_cost)
     self.distractor = distractor
     self.hint = bool(hint)
+    self.style = check_style("memory", style)
     self.max_turns = length + 2
 
   def _cue(self, t: int) -> str:
@@ -114,6 +120,40 @@ class Memory(Env):
   @staticmethod
   def first_decision(action: str) -> str:
     return "peek" if action.strip() == "peek" else "skip"  # anything else reveals nothing
+
+  # -- style='natural' ------------------------------------------------------
+
+  def natural_prompt(self) -> str:
+    kind = "letter" if self.codes[0] in ECHO_SYMBOLS else "digit"
+    return ("You are playing a memory game. First you choose: peek at a secret code (it costs "
+            f"{self.peek_cost:g} points) or skip. Then you answer a few simple questions. At the end you "
+            f"are asked for the code, a single {kind}: the right code earns 1 point. "
+            "Always reply with a single word.")
+
+  def _natural_cue(self, t: int) -> str:
+    if t <= self.length:
+      return (f"Say the letter {self.tokens[t - 1]}." if self.distractor == "echo"
+              else "Wait: reply with ok.")
+    if self.hint and self.peeked:
+      return f"Reminder: the code was {self.code}. What is the code?"
+    return "What is the code?"
+
+  def natural_observation(self, terse: str, step) -> str:
+    t = self.turn
+    if step is None:
+      return "Do you want to peek at the secret code, or skip? Reply with peek or skip."
+    if t == 1:
+      reveal = f"The code is {self.code}." if self.peeked else "You skipped: no code is shown."
+      return f"{reveal} {self._natural_cue(1)}"
+    if t <= self.length + 1 and not step.terminated:
+      return self._natural_cue(t)
+    return "Right, that is the code!" if step.info.get("success") else f"Wrong: the code was {self.code}."
+
+  def natural_action(self, reply: str) -> str:
+    t = self.turn
+    options = (("peek", "skip") if t == 0 else (self.tokens[t - 1],) if t <= self.length
+               and self.distractor == "echo" else ("ok",) if t <= self.length else self.codes)
+    return pick_option(reply, options) or reply.strip()
 
   def expert_action(self) -> str:
     t = self.turn

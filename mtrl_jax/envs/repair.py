@@ -18,7 +18,7 @@ from __future__ import annotations
 import random
 import re
 
-from mtrl_jax.envs.base import Env, Reset, Step
+from mtrl_jax.envs.base import Env, Reset, Step, check_style, pick_option
 from mtrl_jax.envs.registry import register
 
 OPS = ("add", "sub", "mul")
@@ -38,7 +38,7 @@ class Repair(Env):
   """View, test, edit and submit a short program with injected bugs."""
 
   def __init__(self, length: int = 4, bugs: int = 1, num_tests: int = 5, visible_tests: int = 3,
-               partial_credit: bool = False, max_turns: int | None = None):
+               partial_credit: bool = False, max_turns: int | None = None, style: str = "terse"):
     """
     Args:
       length: program lines.
@@ -47,6 +47,7 @@ class Repair(Env):
       visible_tests: how many of them `run` shows (<= num_tests).
       partial_credit: submit pays the pass fraction instead of all-or-nothing.
       max_turns: horizon; default 2 * bugs + 6 (the expert needs bugs + 2).
+      style: 'terse' (the byte model's protocol) or 'natural' (English).
     """
     if not 1 <= bugs <= length:
       raise ValueError(f"repair: need 1 <= bugs <= length, got bugs={bugs}, length={length}")
@@ -56,6 +57,7 @@ class Repair(Env):
     self.length, self.bugs = length, bugs
     self.num_tests, self.visible_tests = num_tests, visible_tests
     self.partial_credit = partial_credit
+    self.style = check_style("repair", style)
     self.max_turns = max_turns if max_turns is not None else 2 * bugs + 6
 
   def _random_line(self, rng: random.Random) -> tuple[str, int]:
@@ -115,6 +117,40 @@ class Repair(Env):
         return Step("ok", 0.0, False, False, {})
       return Step("bad edit", 0.0, False, False, {"invalid_action": True})
     return Step("bad action", 0.0, False, False, {"invalid_action": True})
+
+  # -- style='natural' ------------------------------------------------------
+
+  def natural_prompt(self) -> str:
+    return ("Fix a buggy program. It starts from the input x and applies one operation per line: add k, "
+            "sub k or mul k. Some lines are wrong. Commands: view shows the program, run runs the visible "
+            "tests, e<n> <op> <k> replaces line n (for example e2 add 3), submit ends the task and the "
+            "hidden tests decide (1 point if all pass). Reply with one command.")
+
+  def natural_observation(self, terse: str, step) -> str:
+    if step is None:
+      return f"The program has {self.length} lines and some tests fail. Your command?"
+    a = " ".join(self.actions[-1].split()) if self.actions else ""
+    if step.terminated:
+      return f"Submitted: {terse.removeprefix('pass ')} hidden tests pass."
+    if terse.startswith("pass "):  # run
+      m = re.match(r"pass (\d+)/(\d+)(?: f\((\d+)\)=(-?\d+) want (-?\d+))?", terse)
+      text = f"{m.group(1)} of {m.group(2)} visible tests pass."
+      if m.group(3) is not None:
+        text += f" For x={m.group(3)} the program gives {m.group(4)}, expected {m.group(5)}."
+      return text + " Your command?"
+    if terse in ("ok", "bad edit", "bad action"):
+      return {"ok": "Line replaced.", "bad edit": "That edit is not allowed.",
+              "bad action": f"Unknown command {a!r}."}[terse] + " Your command?"
+    return f"The program:\n{terse}\nYour command?"  # view
+
+  def natural_action(self, reply: str) -> str:
+    text = " ".join(reply.strip().strip(" .`'\"").lower().split())
+    if text in ("view", "run", "submit") or _EDIT.match(text):
+      return text
+    edits = re.findall(r"\b(?:e|edit\s+)(?:line\s+)?(\d+)\s+(add|sub|mul)\s+(\d+)\b", text)
+    if len(edits) == 1:
+      return f"e{edits[0][0]} {edits[0][1]} {edits[0][2]}"
+    return pick_option(text, ("view", "run", "submit")) or reply.strip()
 
   def expert_action(self) -> str:
     if not self.viewed:

@@ -41,6 +41,11 @@ def continue_from(sampler, tokenizer, starts: Sequence[Start], k: int, *, turn_b
   ends when its env ends, at `max_turns` total turns, or when the next turn
   would not fit in `context_cap` (its return so far is kept).
   """
+  if hasattr(tokenizer, "continuation_ids"):
+    # Each turn's prefill here is the byte layout's, which needs no history; a chat
+    # template renders every turn after the whole conversation (models/chat.py).
+    raise NotImplementedError("the lab's continuations support the byte tokenizer only (config.hf_dir "
+                              "unset); a chat template needs each session's history, not carried in Start")
   per_chunk = max(rows_per_call // k, 1)
   out = np.zeros((len(starts), k), np.float32)
   gen = pre = 0

@@ -6,9 +6,10 @@ torch is needed at load time. bf16 checkpoints arrive as ml_dtypes bfloat16
 arrays and are cast to the requested parameter dtype.
 
     python -m mtrl_jax.models.hf check --hf_dir DIR
+    python -m mtrl_jax.models.hf convert --gguf smollm2 --out DIR
 
 compares a folder against transformers (see hf_check.py; torch is imported
-only there).
+only there), or writes such a folder from a GGUF file (gguf_convert.py).
 """
 from __future__ import annotations
 

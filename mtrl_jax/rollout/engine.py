@@ -25,6 +25,7 @@ import jax
 import numpy as np
 
 from mtrl_jax.rollout.group_prefill import append_once_per_group
+from mtrl_jax.models.tokenizer import continuation_ids
 from mtrl_jax.rollout.ledger import TokenLedger
 from mtrl_jax.rollout.ownership import row_keys, session_keys
 from mtrl_jax.rollout.session import Session, make_turn
@@ -251,7 +252,8 @@ class RolloutEngine:
       s.final_observation = step.observation
       s.finish("context_cap")
     else:
-      return step.observation, list(self.tokenizer.observation_ids(step.observation))
+      # The whole history: a chat template renders the next turn after it (models/chat.py).
+      return step.observation, continuation_ids(self.tokenizer, s.prompt, s.turns, step.observation)
     return None
 
   def _reset_all(self, pool, sessions: list[Session], timing: dict) -> list[tuple[Any, Any]]:

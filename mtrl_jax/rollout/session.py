@@ -9,7 +9,9 @@ behaviour log-prob and the policy version of every generated token.
 Token layout of a session (what the KV cache held, in order):
 
     turn 0: tokenizer.observation_ids(obs_0, prompt)  then action_0 ids
-    turn t: tokenizer.observation_ids(obs_t)          then action_t ids
+    turn t: continuation_ids(tokenizer, prompt, turns before t, obs_t)  then action_t ids
+            (byte tokenizer: observation_ids(obs_t); a chat template: the
+            text its rendering adds after the cached ids, models/chat.py)
 
 Action ids are exactly the generated ids, ending with the stop token (eos)
 unless the turn was cut by its token budget. The observation that follows the

@@ -236,6 +236,7 @@ class Learner:
     # and targets in pb's one-session-per-row layout -> repack for the update.
     plan = self._row_plan(pb)
     prox, ref, values = self.score(pb, plan)
+    stats.update(sampler_mismatch(prox, pb.behav_logp_bt, pb.loss_mask_bt, pb.version_bt, self.version))
     adv, target = self.advantages(pb, values, prox, ref)
     full = self.rl_batch(pb, plan, prox, ref, adv, target, values)
     rows, row_len = full.tokens_bt.shape
@@ -314,6 +315,25 @@ class Learner:
     mask[len(rows):] = 0.0  # filler rows: shapes only, no loss
     drawn = sorted(set(pb.session_index_b[rows].tolist()))
     return out._replace(loss_mask_bt=mask), drawn
+
+
+def sampler_mismatch(prox_logp_bt, behav_logp_bt, loss_mask_bt, version_bt, version: int) -> dict:
+  """Trainer/sampler mismatch: |behaviour log-prob - learner's log-prob| on the
+  generated tokens of the CURRENT policy version (same weights on both sides).
+
+  The sampler (cached decode, one token at a time) and the learner (one
+  cache-free forward of the whole row) compute the same function with
+  different kernels and summation orders: in float32 the gap is float noise
+  (~1e-6); in bfloat16 it is what decoupled-PPO ratios and IS caps absorb.
+  Tokens of older versions are left out (their gap is staleness, not numerics).
+  Only meaningful at temperature 1 without top-k/top-p (the behaviour
+  log-prob is that of the distribution actually sampled).
+  """
+  cur = (np.asarray(loss_mask_bt) > 0) & (np.asarray(version_bt) == int(version))
+  gap = np.abs(np.asarray(prox_logp_bt, np.float64) - np.asarray(behav_logp_bt, np.float64))[cur]
+  return {"mismatch/logp_abs_mean": float(gap.mean()) if gap.size else 0.0,
+          "mismatch/logp_abs_max": float(gap.max()) if gap.size else 0.0,
+          "mismatch/tokens": float(gap.size)}
 
 
 def aaw_rows(key, batch: CreditBatch, num: int, floor: float = 0.0, **adv_options):

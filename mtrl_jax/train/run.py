@@ -48,8 +48,12 @@ from mtrl_jax.train.sft import DemoBatcher
 from mtrl_jax.train.source import SyncSource, merge_host_infos
 
 
-def _jsonable(c) -> dict:
-  return json.loads(c.to_json_best_effort())
+def _jsonable(c, model_cfg: ModelConfig | None = None) -> dict:
+  out = json.loads(c.to_json_best_effort())
+  if model_cfg is not None and c.hf_dir:
+    # The model that ran (hf_dir's shape + our runtime switches), not config.model's byte-model defaults.
+    out["model"] = {**dataclasses.asdict(model_cfg), "source": c.hf_dir}
+  return out
 
 
 class Run:
@@ -65,7 +69,8 @@ class Run:
     self.mesh = mesh_from_config(c.mesh, None if self.split.shared else self.split.learner)
     self.rules = rules_from_config(c.mesh)
     self.is_main = jax.process_index() == 0
-    self.tok = HFTokenizer(c.hf_dir) if c.hf_dir else ByteTokenizer()
+    self.tok = (HFTokenizer(os.path.expanduser(c.hf_dir), chat_template=c.chat.template or None,
+                            prompt_role=c.chat.prompt_role) if c.hf_dir else ByteTokenizer())
     self.writer = MetricsWriter(workdir, tensorboard=c.log.tensorboard, is_main_process=self.is_main)
     self.ckpt = Checkpointer(workdir, keep=c.checkpoint.keep, async_save=c.checkpoint.async_save)
     self.meta = self.ckpt.restore_meta() or {"stages_done": [], "stage": None, "stage_step": 0,
@@ -80,7 +85,7 @@ class Run:
           f"{self.meta['stages_done']}, {self.meta['stage']} at step {self.meta['stage_step']}")
     if self.is_main:
       with open(os.path.join(workdir, "config.json"), "w") as f:
-        json.dump(_jsonable(c), f, indent=1)
+        json.dump(_jsonable(c, self.model_cfg), f, indent=1)
 
   # ---------------------------------------------------------------- models
   def _switches(self) -> dict:
@@ -129,7 +134,7 @@ class Run:
       self.weights = SplitSamplerWeights(self.learner.policy_params_for_sampler(), self.rules,
                                          self.split.sampler, tuple(c.rollout.local_mesh))
     self.sampler = Sampler(self.sampler_gd, self.weights(self.learner.policy_params_for_sampler()),
-                           pad_id=self.tok.pad_id, stop_ids=(self.tok.eos_id,), version=self.learner.version,
+                           pad_id=self.tok.pad_id, stop_ids=self.tok.stop_ids, version=self.learner.version,
                            mesh=None if self.split.shared else self.weights.mesh)
 
   def _warm_start(self, source: str):
@@ -185,7 +190,7 @@ class Run:
 
   def save(self, stage: str, stage_step: int):
     self.meta.update(stage=stage, stage_step=int(stage_step), version=self.learner.version,
-                     config=_jsonable(self.c))
+                     config=_jsonable(self.c, self.model_cfg))
     self.meta["save_index"] = int(self.meta.get("save_index", 0)) + 1
     self.ckpt.save(self.meta["save_index"], self._tree(), dict(self.meta))
 
@@ -313,7 +318,7 @@ class Run:
     path = self._build_demos()
     batcher = DemoBatcher(demos_lib.load_demos(path), self.tok, s.batch_size, c.seed,
                           only_successful=s.only_successful, pack=s.pack,
-                          row_multiple=num_batch_shards(self.mesh, self.rules))
+                          row_multiple=num_batch_shards(self.mesh, self.rules), context_cap=c.rollout.context_cap)
     tx = optim.adamw(s.lr, s.steps, warmup_steps=s.warmup_steps, weight_decay=s.weight_decay,
                      clip_grad=s.clip_grad)
     L = self.learner

@@ -1,16 +1,20 @@
 """Warm start: behaviour cloning on recorded demonstrations.
 
 Demo sessions (dicts from `mtrl_jax.data.demos`) are laid out exactly as
-rollouts are (`tokenizer.observation_ids` + action bytes + eos per turn), so
-the policy learns the same format it will be sampled in. Only action tokens
-are targets.
+rollouts are (per turn: the prefill ids of `continuation_ids`, then the
+action's ids and the end-of-action id), so the policy learns the same format
+it will be sampled in (with a chat template: the template's). Only action
+tokens are targets.
 """
 from __future__ import annotations
 
 from typing import Sequence
 
 import numpy as np
+from absl import logging
 
+from mtrl_jax.models.chat import HistoryTurn
+from mtrl_jax.models.tokenizer import continuation_ids
 from mtrl_jax.rollout.row_packing import pack_rows, plan_rows
 from mtrl_jax.train.lm_step import LMBatch
 
@@ -19,9 +23,11 @@ def demo_tokens(session: dict, tokenizer) -> tuple[np.ndarray, np.ndarray]:
   """(tokens, loss mask) of one demo session; mask 1 on action tokens and their eos."""
   toks: list[int] = []
   mask: list[int] = []
-  for t, turn in enumerate(session["turns"]):
-    obs = tokenizer.observation_ids(turn["observation"], session["prompt"] if t == 0 else None)
+  history: list[HistoryTurn] = []
+  for turn in session["turns"]:
+    obs = continuation_ids(tokenizer, session["prompt"], history, turn["observation"])
     act = list(tokenizer.encode(turn["action"])) + [tokenizer.eos_id]
+    history.append(HistoryTurn(turn["observation"], obs, act))
     toks += obs + act
     mask += [0] * len(obs) + [1] * len(act)
   return np.asarray(toks, np.int32), np.asarray(mask, np.float32)
@@ -36,11 +42,18 @@ class DemoBatcher:
 
   def __init__(self, sessions: Sequence[dict], tokenizer, batch_size: int, seed: int,
                only_successful: bool = False, max_len: int | None = None, pack: bool = False,
-               row_multiple: int = 1):
+               row_multiple: int = 1, context_cap: int | None = None):
     rows = [demo_tokens(s, tokenizer) for s in sessions if s["success"] or not only_successful]
     if not rows:
       raise ValueError("no demonstrations to train on (config.sft.only_successful filtered all out?)")
     longest = max(len(t) for t, _ in rows)
+    self.over_cap = int(np.sum([len(t) > context_cap for t, _ in rows])) if context_cap else 0
+    if self.over_cap:
+      # Rollouts end a session before it outgrows the cache: the warm start then
+      # teaches turns the policy never reaches (issue 22: a 256 cap, 511-token demos).
+      logging.warning("config.rollout.context_cap=%d is below %d of %d demo sessions (longest %d tokens "
+                      "with this tokenizer / chat template): rollouts will end those early",
+                      context_cap, self.over_cap, len(rows), longest)
     self.length = max_len or int(2 ** np.ceil(np.log2(max(longest, 16))))
     if longest > self.length:
       raise ValueError(f"a demo session has {longest} tokens, more than max_len={self.length}")

@@ -271,16 +271,31 @@ def test_cli_prints_json_and_exits_zero(tmp_path):
 
 
 def test_cli_exits_one_when_a_check_fails(tmp_path, capsys, monkeypatch):
-  """Exit status logic alone: compare() is replaced by results just past each limit."""
+  """Exit status logic alone: compare() is replaced by results just past each limit.
+
+  The logit bound is relative (issue 22: 30 float32 layers differ by 1.8e-4
+  on logits of 33, 5.5e-6 relative, and must pass); --atol adds an absolute
+  one. Break checked: the old absolute 1e-4 default fails the 33-scale case.
+  """
   hf_dir = make_hf(tmp_path, "llama")
   info = hf_check._describe(hf.config_from_hf(hf.read_hf_config(hf_dir)), hf_dir)
   toks = np.zeros((2, 32), np.int64)
   good = hf_check.CheckResult(0.0, 3.0, True, -1, toks, toks)
-  for bad in (good._replace(max_abs_logit_diff=2e-4), good._replace(greedy_match=False, greedy_first_mismatch=3)):
-    monkeypatch.setattr(hf_check, "compare", lambda *a, bad=bad, **k: (info, bad))
-    assert hf_check.main(["check", "--hf_dir", hf_dir]) == 1
-    report = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
-    assert report["ok"] is False and report["arch"] == "LlamaForCausalLM"
+
+  def run(result, *extra):
+    monkeypatch.setattr(hf_check, "compare", lambda *a, **k: (info, result))
+    code = hf_check.main(["check", "--hf_dir", hf_dir, *extra])
+    return code, json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+
+  deep = good._replace(max_abs_logit_diff=1.83e-4, max_abs_logit=33.0)
+  code, report = run(deep)
+  assert code == 0 and report["ok"] and report["max_rel_logit_diff"] == pytest.approx(1.83e-4 / 33)
+  assert report["max_abs_logit_diff"] == 1.83e-4  # the absolute figure is printed too
+  for bad, extra in ((good._replace(max_abs_logit_diff=3.0 * 5e-5 * 1.01), ()),
+                     (good._replace(greedy_match=False, greedy_first_mismatch=3), ()),
+                     (deep, ("--atol", "1e-4")), (deep, ("--rtol", "5e-6"))):
+    code, report = run(bad, *extra)
+    assert code == 1 and report["ok"] is False and report["arch"] == "LlamaForCausalLM"
 
 
 def test_greedy_check_runs_past_eos(tmp_path):
