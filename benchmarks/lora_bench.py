@@ -218,7 +218,7 @@ def part_update(batch: int, seq_len: int, steps: int = 3) -> dict:
       old_value_bt=np.zeros((batch, seq_len), f), turn_idx_bt=np.zeros((batch, seq_len), np.int32),
       success_bt=np.ones((batch, seq_len), f)))
   flags = StepFlags(jnp.float32(1), jnp.float32(1), jnp.float32(0))
-  out, rows = {}, []
+  built = {}
   for variant in ("full", "lora"):
     jitted, _, (policy_f, critic_f, tx_p, tx_c, state_sh) = build_update(cfg, mesh, rules, batch, seq_len, variant)
     p = nnx.split(create_sharded(policy_f, mesh, rules))[1]
@@ -230,26 +230,29 @@ def part_update(batch: int, seq_len: int, steps: int = 3) -> dict:
       c_train = nnx.split(create_sharded(critic_f, mesh, rules))[1]
     state = LearnerState(p_train, init_opt_state(tx_p, p_train, state_sh.opt_policy), c_train,
                          init_opt_state(tx_c, c_train, state_sh.opt_critic))
-    frozen = Frozen(p_frozen, None)
-    times = []
-    with sharding_context(mesh, rules):
-      t0 = time.perf_counter()
-      state, met = jitted(state, rl_batch, flags, frozen)
-      jax.block_until_ready(met)
-      first = time.perf_counter() - t0
-      for _ in range(steps):
+    built[variant] = [jitted, state, Frozen(p_frozen, None), None]
+  out, rows, times = {}, [], {v: [] for v in built}
+  with sharding_context(mesh, rules):
+    for r in range(steps + 1):
+      for variant, b in built.items():  # interleaved: a load change on the machine hits both alike
+        jitted, state, frozen, _ = b
         t0 = time.perf_counter()
         state, met = jitted(state, rl_batch, flags, frozen)
         jax.block_until_ready(met)
-        times.append(time.perf_counter() - t0)
-    sec = float(np.median(times))
+        dt = time.perf_counter() - t0
+        b[1], b[3] = state, met
+        if r == 0:
+          out[f"update_first_call_s_{variant}"] = round(dt, 1)
+        else:
+          times[variant].append(dt)
+  for variant, (_, state, _, met) in built.items():
+    sec = float(np.median(times[variant]))
     trained = tree_bytes((state.policy, state.critic))
-    rows.append((variant, sec, first, trained, bool(np.isfinite(float(met["total_loss"])))))
+    rows.append((variant, sec, out[f"update_first_call_s_{variant}"], trained,
+                 bool(np.isfinite(float(met["total_loss"])))))
     out[f"update_s_{variant}"] = round(sec, 3)
-    out[f"update_first_call_s_{variant}"] = round(first, 1)
-    print(f"  {variant}: {sec:.2f} s per update (first call {first:.1f} s), trained {trained / 2**20:.1f} MiB",
-          flush=True)
-    del state, p, p_train, c_train, frozen, jitted
+    print(f"  {variant}: {sec:.2f} s per update (all: {[round(t, 2) for t in times[variant]]}), "
+          f"trained {trained / 2**20:.1f} MiB", flush=True)
   print(f"\n| SmolLM2-135M shape, policy + critic, {batch} x {seq_len} tokens | s per update | first call (s) |"
         " trained params | loss finite |")
   print("|---|---:|---:|---:|---|")
@@ -274,25 +277,24 @@ def part_sampler(batch: int, prompt: int, new: int, reps: int = 3) -> dict:
   gd, params = nnx.split(Transformer(cfg, rngs=nnx.Rngs(0)))
   rng = np.random.default_rng(0)
   prompts = [list(rng.integers(1, cfg.vocab_size, prompt)) for _ in range(batch)]
-  out, rows = {}, []
+  out, rows, samplers, merge_s = {}, [], {}, 0.0
   for mode in ("apply", "merge"):
     sgd, _, finish = sampler_setup(dataclasses.replace(cfg, lora=dataclasses.replace(cfg.lora, sampler=mode)), gd)
-    merge_s = 0.0
+    sparams = params
     if finish is not None:
       fn = jax.jit(finish)
       jax.block_until_ready(fn(params))
       t = []
       for _ in range(reps):
         t0 = time.perf_counter()
-        jax.block_until_ready(fn(params))
+        sparams = jax.block_until_ready(fn(params))
         t.append(time.perf_counter() - t0)
       merge_s = float(np.median(t))
-      sparams = fn(params)
-    else:
-      sparams = params
-    sampler = Sampler(sgd, sparams, pad_id=0, stop_ids=(), log_compiles=False)
-    decode_t, prefill_t = [], []
-    for r in range(reps + 1):
+    samplers[mode] = Sampler(sgd, sparams, pad_id=0, stop_ids=(), log_compiles=False)
+  decode_t = {m: [] for m in samplers}
+  prefill_t = {m: [] for m in samplers}
+  for r in range(reps + 1):
+    for mode, sampler in samplers.items():  # interleaved, as in part_update
       st = sampler.init_state(batch, prompt + new + 8)
       t0 = time.perf_counter()
       st = sampler.append(st, prompts)
@@ -301,14 +303,16 @@ def part_sampler(batch: int, prompt: int, new: int, reps: int = 3) -> dict:
       res, st = sampler.generate(st, jax.random.key(r), new, params=SamplingParams(greedy=True))
       t2 = time.perf_counter()
       if r:  # the first round compiles
-        prefill_t.append(t1 - t0)
-        decode_t.append(t2 - t1)
-    dec = float(np.median(decode_t))
-    rows.append((mode, float(np.median(prefill_t)), dec, batch * new / dec, merge_s))
+        prefill_t[mode].append(t1 - t0)
+        decode_t[mode].append(t2 - t1)
+  for mode in samplers:
+    dec, pre = float(np.median(decode_t[mode])), float(np.median(prefill_t[mode]))
+    m = merge_s if mode == "merge" else 0.0
+    rows.append((mode, pre, dec, batch * new / dec, m))
     out[f"sampler_decode_tok_s_{mode}"] = round(batch * new / dec, 1)
-    out[f"sampler_prefill_s_{mode}"] = round(float(np.median(prefill_t)), 3)
-    print(f"  {mode}: prefill {np.median(prefill_t):.2f} s, decode {dec:.2f} s ({batch * new / dec:.0f} tok/s)"
-          + (f", merge {merge_s:.3f} s per version" if merge_s else ""), flush=True)
+    out[f"sampler_prefill_s_{mode}"] = round(pre, 3)
+    print(f"  {mode}: prefill {pre:.2f} s, decode {dec:.2f} s ({batch * new / dec:.0f} tok/s; all "
+          f"{[round(t, 2) for t in decode_t[mode]]})" + (f", merge {m:.3f} s per version" if m else ""), flush=True)
   out["sampler_merge_s"] = round(rows[1][4], 3)
   out["sampler_merge_over_apply_decode"] = round(out["sampler_decode_tok_s_merge"] /
                                                  out["sampler_decode_tok_s_apply"], 3)
@@ -345,7 +349,7 @@ def main(argv=None):
   if "update" in parts:
     out.update(part_update(a.update_batch, a.update_seq))
   if "sampler" in parts:
-    out.update(part_sampler(batch=8, prompt=64, new=32))
+    out.update(part_sampler(batch=8, prompt=64, new=32, reps=5))
   out["load_avg_end"] = round(os.getloadavg()[0], 2)
   print(json.dumps(out))
 
