@@ -266,10 +266,8 @@ def part_update(batch: int, seq_len: int, steps: int = 3) -> dict:
 def part_sampler(batch: int, prompt: int, new: int, reps: int = 3) -> dict:
   """Decode with the adapters applied vs merged once per version (plus the merge's own cost)."""
   import jax
-  import jax.numpy as jnp
   from flax import nnx
 
-  from mtrl_jax.models import lora
   from mtrl_jax.models.transformer import Transformer
   from mtrl_jax.sampling.sampler import Sampler, SamplingParams
   from mtrl_jax.train.adapters import sampler_setup

@@ -3,7 +3,6 @@ export and the PEFT adapter folder, against transformers and peft as oracles."""
 import json
 import os
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -42,9 +41,8 @@ def test_checkpoint_is_the_base_and_exports_match_transformers_and_peft(tmp_path
   peft.PeftModel over the original checkpoint runs as our adapted model.
 
   The adapters move the logits by O(1) (asserted) against a 1e-4 tolerance.
-  Break checked: lora_A / lora_B written untransposed fails to load in peft
-  (shape mismatch); lora_alpha written as alpha / rank fails (2): the logits
-  differ; export_policy without the merge fails (1).
+  Break checked: lora_A / lora_B written untransposed, or lora_alpha written
+  as alpha / rank, fails (2); export_policy without the merge fails (1).
   """
   hf_dir = make_hf(tmp_path, family, tie_word_embeddings=(family == "llama"))
   plain = hf.load_policy(hf_dir, scan_layers=scan)

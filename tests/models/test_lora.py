@@ -86,8 +86,8 @@ def test_fresh_adapters_change_nothing_bit_for_bit(scan, dtype, tied):
   cached decoding), in both layouts and in bf16.
 
   Break checked: B drawn like A (he-uniform instead of zeros) makes the logits
-  differ; drawing A from the params stream inside the blocks (before the
-  later base weights) makes the base weights differ.
+  differ; the adapters' key drawn from the params stream before the base
+  weights (instead of after all of them) makes the base weights differ.
   """
   cfg = dataclasses.replace(BASE, scan_layers=scan, dtype=dtype, tie_embeddings=tied)
   base = Transformer(cfg, rngs=nnx.Rngs(5))
@@ -118,8 +118,7 @@ def test_adapted_forward_equals_the_merged_weights_oracle(scan):
   W + (alpha / rank) A B (numpy merge), for every target weight.
 
   The adapters move the logits by O(1) (asserted), against a 1e-4 tolerance.
-  Break checked: scale alpha instead of alpha / rank, or B applied to the
-  input side, fails the comparison.
+  Break checked: scale alpha instead of alpha / rank fails the comparison.
   """
   cfg = dataclasses.replace(BASE, scan_layers=scan)
   model = with_random_b(Transformer(adapted(cfg), rngs=nnx.Rngs(0)))
@@ -152,8 +151,8 @@ def test_adapter_gradients_equal_the_gradients_through_merged_weights():
   """d loss / d(A, B) of the adapted forward (x W + s x A B) equals the gradient
   through the merged weight W + s A B: two different programs, one function.
 
-  Break checked: a missing scale in `lora.delta`'s backward path (e.g. the
-  scale applied outside a stop_gradient) would differ.
+  Break checked: stop_gradient on A inside `lora.delta` (A gets no gradient)
+  fails the comparison.
   """
   model = with_random_b(Transformer(adapted(BASE), rngs=nnx.Rngs(1)), scale=0.05)
   gd, ad, rest = nnx.split(model, lora.ADAPTER, ...)

@@ -109,8 +109,8 @@ def test_shared_trunk_critic_trains_its_adapters_on_the_policy_trunk():
   (train_policy=False) leaves the policy exactly as it was.
 
   Break checked: trunk_from_policy taking the policy's adapters too (not only
-  its base) makes the oracle values differ; SHARED_TRUNK_OWN without the
-  'head' path leaves a frozen head (the head assertion fails).
+  its base) puts them over the critic's own, which then never move (the
+  critic-adapter assertion fails).
   """
   c = lora_config("lora", estimator="gae")
   gd, params = policy_params(c)
@@ -151,6 +151,8 @@ def test_value_loss_never_reaches_a_fully_trained_policy_through_the_shared_trun
   """A full (no-adapter) policy with a shared-trunk critic: with zero
   advantages the policy loss has no gradient, so the policy must not move at
   all while the critic does (its trunk is the policy's, behind stop_gradient).
+  The critic's head is made nonzero first: at its zero init no gradient
+  reaches the trunk whatever the code does.
 
   Break checked: with_policy_trunk without stop_gradient moves the policy.
   """
@@ -168,6 +170,10 @@ def test_value_loss_never_reaches_a_fully_trained_policy_through_the_shared_trun
                   loss_mask_bt=np.ones((b, t), np.float32), behav_logp_bt=zeros - 5.0, prox_logp_bt=zeros - 5.0,
                   ref_logp_bt=zeros - 5.0, adv_bt=zeros, value_target_bt=rng.normal(size=(b, t)).astype(np.float32),
                   old_value_bt=zeros, turn_idx_bt=np.zeros((b, t), np.int32), success_bt=zeros)
+  # A nonzero head: the zero-initialised one passes no gradient back into the trunk at all.
+  flat = [(p, v.replace(jnp.asarray(np.random.default_rng(1).normal(size=v.get_value().shape), jnp.float32))
+           if p[0] == "head" else v) for p, v in nnx.to_flat_state(lrn.state.critic)]
+  lrn.state = lrn.state._replace(critic=nnx.from_flat_state(flat))
   before_p, before_c = host(lrn.state.policy), host(lrn.state.critic)
   with sharding_context(lrn.mesh, lrn.rules):
     met = lrn.step(lrn._put(batch), StepFlags(jnp.float32(1), jnp.float32(1), jnp.float32(0)))
@@ -182,7 +188,8 @@ def test_lm_step_with_a_frozen_base_trains_only_the_adapters():
   """The SFT step with frozen_shardings: adapters move, the base is neither
   changed nor donated, and the loss falls over a few steps.
 
-  Break checked: passing the base as trainable (no split) moves it.
+  The break check of the stage that uses it is in test_lora_run.py
+  (test_sft_stage_trains_only_the_adapters).
   """
   mesh, rules = world()[:2]
   c = lora_config()

@@ -104,6 +104,30 @@ def test_checkpoint_holds_adapters_names_the_base_and_resume_restores_them(tmp_p
     Run(other, wd)
 
 
+def test_sft_stage_trains_only_the_adapters(tmp_path):
+  """Behaviour cloning with LoRA on: the base leaves the stage bit-identical,
+  the adapters move, and the RL optimiser starts fresh over the adapters only.
+
+  Break checked: run.stage_sft without the split (split_trainable(params,
+  None)) trains the base: the base assertion fails.
+  """
+  c = lora_run_config()
+  c.update(stages=("demos", "sft"))
+  c.sft.update(steps=3, batch_size=8, lr=1e-2, warmup_steps=0)
+  c.demos.episodes = 16
+  c.eval.update(tasks=2, greedy=False)
+  run = Run(c, str(tmp_path / "sft"))
+  ad0, base0 = (host(x) for x in nnx.split_state(run.learner.state.policy, lora.ADAPTER, ...))
+  run.stage_sft()
+  ad1, base1 = (host(x) for x in nnx.split_state(run.learner.state.policy, lora.ADAPTER, ...))
+  run.ckpt.close()
+  for a, b in zip(jax.tree.leaves(base0), jax.tree.leaves(base1)):
+    np.testing.assert_array_equal(a, b)
+  assert max(np.abs(a - b).max() for a, b in zip(jax.tree.leaves(ad0), jax.tree.leaves(ad1))) > 5e-3
+  opt_elems = sum(np.size(x) for x in jax.tree.leaves(run.learner.state.opt_policy) if np.ndim(x) > 0)
+  assert opt_elems == 2 * sum(np.size(x) for x in jax.tree.leaves(ad1))
+
+
 @pytest.mark.slow
 def test_lora_kill_and_resume_matches_uninterrupted_run(tmp_path):
   """The main job with LoRA adapters (and a shared-trunk critic), killed after
