@@ -98,7 +98,9 @@ def lora_sampler_check(mesh) -> dict:
   merged_want = lora.merged(jax.tree.map(np.asarray, want), cfg.lora)
   merge_diff = max(float(np.max(np.abs(np.asarray(a) - np.asarray(b))))
                    for a, b in zip(jax.tree.leaves(merged_local), jax.tree.leaves(merged_want)))
-  return dict(adapter_bytes=_tree_bytes(adapters), base_bytes=_tree_bytes(base), sent_first=sent_first,
+  from mtrl_jax.train.adapters import fingerprint  # a global program over the sharded base
+  return dict(fingerprint=fingerprint(params),
+              adapter_bytes=_tree_bytes(adapters), base_bytes=_tree_bytes(base), sent_first=sent_first,
               sent_second=sent_second, apply_max_diff=apply_diff, merge_max_diff=merge_diff,
               merged_leaves=len(jax.tree.leaves(merged_local)), base_leaves=len(jax.tree.leaves(base)),
               fully_addressable=all(x.is_fully_addressable for x in jax.tree.leaves(merged_local)))

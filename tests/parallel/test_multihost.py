@@ -80,6 +80,9 @@ def test_two_processes_train_like_one():
     assert ls["sent_second"] == ls["adapter_bytes"]
     assert ls["apply_max_diff"] == 0.0 and ls["merge_max_diff"] < 1e-6
     assert ls["merged_leaves"] == ls["base_leaves"] and ls["fully_addressable"]
+    assert len(ls["fingerprint"]) == ls["base_leaves"]
+  # The base fingerprint of a LoRA checkpoint record (train/adapters.py) is the same on every host.
+  assert results[0]["lora_sampler"]["fingerprint"] == results[1]["lora_sampler"]["fingerprint"]
   assert set(results[0]["sampler"]["local_devices"]).isdisjoint(results[1]["sampler"]["local_devices"])
   np.testing.assert_array_equal(results[0]["losses"], results[1]["losses"])
   np.testing.assert_allclose(results[0]["losses"], ref_losses, rtol=1e-5, atol=1e-6)

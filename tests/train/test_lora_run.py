@@ -166,3 +166,61 @@ def test_lora_kill_and_resume_matches_uninterrupted_run(tmp_path):
   policy_paths = [jax.tree_util.keystr(p) for p, _ in jax.tree_util.tree_leaves_with_path(a["policy"])]
   assert policy_paths and all("_lora_" in p for p in policy_paths)
   assert meta_a["lora_base"]["kind"] == "seed"
+
+
+def test_init_from_a_full_run_is_the_base_and_resume_reads_it_there(tmp_path):
+  """With init_from, a LoRA run's base is the source run's policy (bit for bit)
+  and its adapters start fresh; resumed, it reads the base from the source
+  again (its own checkpoints hold none) and its adapters from its checkpoint.
+  A source whose policy changed since is refused, and so is a LoRA run as a
+  source (it has no base to give).
+
+  Break checked: the resume without re-reading the base from init_from keeps
+  the seed's random base (the base assertion after resume fails, and the
+  fingerprint check raises first).
+  """
+  src, wd = str(tmp_path / "src"), str(tmp_path / "lora")
+  c_src = tiny_config("none")
+  c_src.checkpoint.async_save = False
+  c_src.log.tensorboard = False
+  source = Run(c_src, src)
+  source.learner.state = source.learner.state._replace(policy=perturbed(source.learner.state.policy, 7))
+  source.meta["stages_done"] = ["demos", "sft"]
+  source.save("sft", 0)
+  want_base = host(source.learner.state.policy)
+  source.ckpt.close()
+
+  c = lora_run_config()
+  c.critic.kind = "none"
+  c.rl.estimator = "ms_grpo"
+  c.init_from = src
+  run = Run(c, wd)
+  assert run.meta["lora_base"]["kind"] == "init_from" and run.meta["stages_done"] == ["demos", "sft"]
+  ad, base = nnx.split_state(run.learner.state.policy, lora.ADAPTER, ...)
+  for a, b in zip(jax.tree.leaves(want_base), jax.tree.leaves(host(base))):
+    np.testing.assert_array_equal(a, b)
+  assert all(not np.any(np.asarray(x)) for p, x in jax.tree_util.tree_leaves_with_path(ad)
+             if "_lora_b" in jax.tree_util.keystr(p))
+  run.learner.state = run.learner.state._replace(policy=nnx.merge_state(perturbed(ad, 8), base))
+  want_ad = host(nnx.split_state(run.learner.state.policy, lora.ADAPTER, ...)[0])
+  run.save("rl", 1)
+  run.ckpt.close()
+
+  resumed = Run(c, wd)
+  ad2, base2 = (host(x) for x in nnx.split_state(resumed.learner.state.policy, lora.ADAPTER, ...))
+  resumed.ckpt.close()
+  for a, b in zip(jax.tree.leaves(want_base) + jax.tree.leaves(want_ad),
+                  jax.tree.leaves(base2) + jax.tree.leaves(ad2)):
+    np.testing.assert_array_equal(a, b)
+
+  source = Run(c_src, src)  # the source moves on: its policy is no longer the adapters' base
+  source.learner.state = source.learner.state._replace(policy=perturbed(source.learner.state.policy, 9))
+  source.save("sft", 0)
+  source.ckpt.close()
+  with pytest.raises(ValueError, match="changed since"):
+    Run(c, wd)
+
+  c2 = lora_run_config()
+  c2.init_from = wd
+  with pytest.raises(ValueError, match="config.init_from=.* is a LoRA run"):
+    Run(c2, str(tmp_path / "third"))
