@@ -34,7 +34,7 @@ setup(
         "hf": HF,
         "textarena": TEXTARENA,
         "dev": ["pytest>=8", "pytest-xdist>=3.5", "hypothesis>=6.100", "rlax>=0.1.6",
-                "mutmut>=3.8"]
+                "mutmut>=3.8", "peft>=0.13"]
         + HF
         + TEXTARENA,
     },

@@ -10,7 +10,7 @@ import ml_collections
 STAGES = ("demos", "sft", "value_pretrain", "rl", "eval")
 LAYOUTS = ("session", "turn")
 CONTEXTS = ("history", "markov")
-CRITIC_KINDS = ("none", "separate", "head")
+CRITIC_KINDS = ("none", "separate", "head", "lora")
 AGGREGATIONS = ("token_mean", "seq_mean_token_mean", "seq_mean_token_sum")
 KL_TYPES = ("k1", "k3")
 KL_MODES = ("loss", "reward")
@@ -37,6 +37,13 @@ def base_config() -> ml_collections.ConfigDict:
       scan_layers=False,  # stack the blocks and scan them: compile time flat in depth
       remat="none",  # none | full | dots | dots_no_batch (see models/config.py)
       logits_chunk=0,  # > 0: the learner's log-probs in chunks of this many positions (memory)
+      # LoRA (models/lora.py, docs/lora.md): rank > 0 freezes the policy's base and trains
+      # only adapters on `targets` (q,k,v,o,gate,up,down or the groups attn / mlp / all),
+      # scaled by alpha / rank, in every stage; checkpoints hold the adapters and name the
+      # base (hf_dir, init_from or the seed). sampler: merge (adapters folded into the
+      # weights once per update) | apply (decode with the low-rank terms).
+      lora=ml_collections.ConfigDict(dict(rank=0, alpha=16.0, targets=("q", "k", "v", "o", "gate", "up", "down"),
+                                          sampler="merge")),
   ))
   c.hf_dir = ""  # a local HF folder (Llama/Qwen2) to start the policy from instead
   # With hf_dir: how sessions are rendered (models/chat.py). template: "" = the folder's own
@@ -51,8 +58,12 @@ def base_config() -> ml_collections.ConfigDict:
   # the stages that run finished up to sft (demos, sft) are then skipped here.
   c.init_from = ""
   c.critic = ml_collections.ConfigDict(dict(
-      kind="separate",  # none | separate (own trunk) | head (value head on the policy trunk)
+      # none | separate (own trunk) | head (value head on the policy trunk) | lora (its own
+      # LoRA adapters and value head on the policy's frozen trunk: one trunk, two adapters)
+      kind="separate",
       init_from_policy=True,
+      # kind=lora: the critic's adapters; rank 0 = the same rank, alpha and targets as model.lora.
+      lora=ml_collections.ConfigDict(dict(rank=0, alpha=16.0, targets=("q", "k", "v", "o", "gate", "up", "down"))),
   ))
 
   c.env = ml_collections.ConfigDict(dict(name="memory", kwargs=ml_collections.ConfigDict()))
@@ -263,6 +274,7 @@ def validate(c: ml_collections.ConfigDict, num_devices: int | None = None) -> No
   _check(c.rl.kl_type in KL_TYPES, "rl.kl_type", f"{c.rl.kl_type!r} not in {KL_TYPES}")
   _check(c.rl.kl_mode in KL_MODES, "rl.kl_mode", f"{c.rl.kl_mode!r} not in {KL_MODES}")
   _check(c.critic.kind in CRITIC_KINDS, "critic.kind", f"{c.critic.kind!r} not in {CRITIC_KINDS}")
+  _validate_lora(c)
   _check(0.0 < c.rl.entropy_mask_rho <= 1.0, "rl.entropy_mask_rho", "must be in (0, 1]")
   _check(isinstance(c.rl.aaw, bool), "rl.aaw", f"must be True or False, got {c.rl.aaw!r}")
   _check(0.0 < c.rl.aaw_fraction <= 1.0, "rl.aaw_fraction",
@@ -342,6 +354,29 @@ def _validate_rollout_scale(c) -> None:
          f"{r.devices} sampler devices leave none of the {jax.device_count()} to the learner")
   _check(r.devices == 0 or jax.process_count() == 1, "rollout.devices",
          "a sampler/learner split runs on one process (several hosts sample on their own devices already)")
+
+
+def critic_lora(c):
+  """The LoraConfig of a critic.kind='lora' critic: critic.lora, or model.lora's when its rank is 0."""
+  from mtrl_jax.models.lora import LoraConfig
+  own = dict(c.critic.lora)
+  if own.get("rank", 0) == 0:
+    model = dict(c.model.lora)
+    return LoraConfig.from_any({k: model[k] for k in ("rank", "alpha", "targets") if k in model})
+  return LoraConfig.from_any(own)
+
+
+def _validate_lora(c):
+  """config.model.lora is checked with the model config; here the critic's."""
+  from mtrl_jax.models.lora import LoraConfig
+  try:
+    LoraConfig.from_any(c.critic.lora)
+    critic = critic_lora(c)
+  except (TypeError, ValueError) as e:
+    raise ValueError(f"config.critic.{e}") from e
+  if c.critic.kind == "lora":
+    _check(critic.enabled, "critic.lora.rank",
+           "critic.kind='lora' needs adapters: set critic.lora.rank (or model.lora.rank) > 0")
 
 
 def _validate_mesh(c, num_devices):

@@ -6,6 +6,7 @@ import dataclasses
 import jax.numpy as jnp
 
 from mtrl_jax.models.attention import ATTENTION_IMPLS
+from mtrl_jax.models.lora import OFF, LoraConfig
 
 _DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
 # What a rematerialised block keeps from its forward for the backward (the
@@ -18,9 +19,10 @@ _DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.floa
 REMAT_POLICIES = ("none", "full", "dots", "dots_no_batch")
 
 
-# Fields that say how the model runs, not what it computes: a Hugging Face
+# Fields that a Hugging Face checkpoint does not fix: how the model runs
+# (kernel, layout, remat, chunking) and whether it carries LoRA adapters; a
 # checkpoint fixes every other field, these stay the user's choice.
-RUNTIME_FIELDS = ("attention", "attention_block", "scan_layers", "remat", "logits_chunk")
+RUNTIME_FIELDS = ("attention", "attention_block", "scan_layers", "remat", "logits_chunk", "lora")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -56,8 +58,12 @@ class ModelConfig:
   # log-probs: [B, chunk, V] logits exist at a time instead of [B, T, V]
   # (forward and backward). 0 = all T at once. Memory only; numbers are equal.
   logits_chunk: int = 0
+  # LoRA adapters on the projection weights (models/lora.py); rank 0 = none.
+  # A dict or ConfigDict is accepted and turned into a LoraConfig.
+  lora: LoraConfig = OFF
 
   def __post_init__(self):
+    object.__setattr__(self, "lora", LoraConfig.from_any(self.lora))
     for name in ("vocab_size", "dim", "n_layers", "n_heads", "n_kv_heads", "head_dim", "mlp_dim",
                  "attention_block"):
       if getattr(self, name) <= 0:
@@ -89,11 +95,20 @@ class ModelConfig:
     return _DTYPES[self.param_dtype]
 
   def num_params(self) -> int:
-    """Parameter count (what `jax.tree` would sum), without building the model."""
+    """Parameter count of the base (adapters not counted: `num_adapter_params`), without building the model."""
     d, h, kv, hd, f, v = self.dim, self.n_heads, self.n_kv_heads, self.head_dim, self.mlp_dim, self.vocab_size
     attn = d * h * hd * 2 + d * kv * hd * 2 + (h * hd + 2 * kv * hd if self.qkv_bias else 0)
     layer = attn + 3 * d * f + 2 * d
     return v * d * (1 if self.tie_embeddings else 2) + self.n_layers * layer + d
+
+  def num_adapter_params(self) -> int:
+    """Parameters of the LoRA adapters (0 without): rank x (inputs + outputs) per adapted weight."""
+    d, h, kv, hd, f = self.dim, self.n_heads, self.n_kv_heads, self.head_dim, self.mlp_dim
+    io = {"q": (d, h * hd), "k": (d, kv * hd), "v": (d, kv * hd), "o": (h * hd, d),
+          "gate": (d, f), "up": (d, f), "down": (f, d)}
+    if not self.lora.enabled:
+      return 0
+    return self.n_layers * self.lora.rank * sum(sum(io[t]) for t in self.lora.targets)
 
   @classmethod
   def from_dict(cls, d) -> "ModelConfig":

@@ -24,6 +24,7 @@ import numpy as np
 from flax import nnx
 from flax.core import spmd as core_spmd
 
+from mtrl_jax.models import layout, lora
 from mtrl_jax.models.config import ModelConfig
 from mtrl_jax.models.transformer import Transformer
 
@@ -266,22 +267,27 @@ def _check_unused(ckpt: Checkpoint, used: list[str], allowed_extra=()) -> None:
                      f"{' ...' if len(extra) > 8 else ''}")
 
 
-def load_policy(hf_dir: str, *, dtype: str = "float32", **switches) -> Transformer:
+def load_policy(hf_dir: str, *, dtype: str = "float32", lora_seed: int = 0, **switches) -> Transformer:
   """A policy Transformer with the weights of a local Llama/Qwen2 folder.
 
   The module is built abstractly (no random init) and filled tensor by tensor;
   inside `jax.set_mesh` + `nnx.logical_axis_rules` each weight lands sharded.
-  `scan_layers`/`remat` are ours, not the checkpoint's (see ModelConfig); with
-  scan_layers the per-layer HF tensors are stacked into the layer axis.
+  `scan_layers`/`remat`/`lora` are ours, not the checkpoint's (see
+  ModelConfig); with scan_layers the per-layer HF tensors are stacked into the
+  layer axis. With `lora` the checkpoint is the frozen base and fresh
+  adapters (A drawn from `lora_seed`, B zero) are added.
   """
   cfg = dataclasses.replace(config_from_hf(read_hf_config(hf_dir), dtype=dtype), **switches)
   ckpt = Checkpoint(hf_dir)
   abstract = nnx.eval_shape(lambda: Transformer(cfg, rngs=nnx.Rngs(0)))
-  graphdef, params, rest = nnx.split(abstract, nnx.Param, ...)
+  graphdef, adapters, params, rest = nnx.split(abstract, lora.ADAPTER, nnx.Param, ...)
   used = _fill(cfg, ckpt, params)
   # Tied checkpoints sometimes also store lm_head.weight (= the embedding).
   _check_unused(ckpt, used, allowed_extra=("lm_head.weight",) if cfg.tie_embeddings else ())
-  return nnx.merge(graphdef, params, rest)
+  fresh = dict(nnx.to_flat_state(lora.fresh_adapters(adapters, jax.random.key(lora_seed))))
+  for path, var in nnx.to_flat_state(adapters):
+    var.set_value(_place(np.asarray(fresh[path].get_value()), var, var.get_value().dtype))
+  return nnx.merge(graphdef, adapters, params, rest)
 
 
 def load_critic_trunk(hf_dir: str, critic) -> None:
@@ -297,7 +303,7 @@ def load_critic_trunk(hf_dir: str, critic) -> None:
     if ours != theirs:
       raise ValueError(f"critic trunk {field}={ours} but {hf_dir!r} has {field}={theirs}")
   ckpt = Checkpoint(hf_dir)
-  state = nnx.state(critic.trunk, nnx.Param)
+  state = nnx.state(critic.trunk, nnx.All(nnx.Param, nnx.Not(lora.ADAPTER)))  # adapters stay as they are
   used = _fill(critic.trunk.cfg, ckpt, state)
   _check_unused(ckpt, used, allowed_extra=("lm_head.weight",))
   nnx.update(critic.trunk, state)
@@ -338,11 +344,15 @@ def hf_config_from(cfg: ModelConfig, architecture_name: str | None = None) -> di
 
 
 def export_policy(model: Transformer, out_dir: str, *, architecture_name: str | None = None) -> None:
-  """Writes `config.json` + `model.safetensors` that transformers loads as the same model."""
+  """Writes `config.json` + `model.safetensors` that transformers loads as the same model.
+
+  LoRA adapters are merged into the weights they adapt (W + alpha/rank A B);
+  `export_peft_adapter` writes them on their own instead.
+  """
   from safetensors.numpy import save_file
   os.makedirs(out_dir, exist_ok=True)
   tensors = {}
-  for path, var in nnx.to_flat_state(nnx.state(model, nnx.Param)):
+  for path, var in nnx.to_flat_state(lora.merged(nnx.state(model, nnx.Param), model.cfg.lora)):
     value = np.asarray(jax.device_get(var.get_value()))
     tms = tensor_maps(tuple(path), model.cfg)
     rows = list(value) if _is_stacked(tuple(path)) else [value]  # a scanned block: one row per layer
@@ -351,6 +361,56 @@ def export_policy(model: Transformer, out_dir: str, *, architecture_name: str | 
   with open(os.path.join(out_dir, "config.json"), "w") as f:
     json.dump(hf_config_from(model.cfg, architecture_name), f, indent=2)
   save_file(tensors, os.path.join(out_dir, _SINGLE_FILE), metadata={"format": "pt"})
+
+
+# Our adapted weight -> the HF module PEFT names in target_modules.
+_PEFT_MODULES = {"wq": "self_attn.q_proj", "wk": "self_attn.k_proj", "wv": "self_attn.v_proj",
+                 "wo": "self_attn.o_proj", "w_gate": "mlp.gate_proj", "w_up": "mlp.up_proj",
+                 "w_down": "mlp.down_proj"}
+PEFT_CONFIG_FILE, PEFT_WEIGHTS_FILE = "adapter_config.json", "adapter_model.safetensors"
+
+
+def export_peft_adapter(model: Transformer, out_dir: str, *, base_model_name_or_path: str = "") -> dict:
+  """Writes the model's LoRA adapters as a PEFT adapter folder; returns the adapter config.
+
+  `adapter_config.json` + `adapter_model.safetensors` (keys
+  `base_model.model.model.layers.<i>.<module>.lora_A.weight` [r, in] and
+  `lora_B.weight` [out, r]): `peft.PeftModel.from_pretrained(base, out_dir)`
+  over the base checkpoint (e.g. `export_policy` of the model without its
+  adapters, or the HF folder it was loaded from) computes what this model does.
+  """
+  from safetensors.numpy import save_file
+  cfg = model.cfg.lora
+  if not cfg.enabled:
+    raise ValueError("export_peft_adapter: the model has no LoRA adapters (ModelConfig.lora.rank is 0)")
+  adapters = layout.unstack_flat(nnx.to_flat_state(nnx.state(model, lora.ADAPTER)))
+  tensors = {}
+  for path, var in adapters:
+    path = tuple(path)
+    if len(path) != 4 or path[0] != "layers":
+      raise KeyError(f"no PEFT tensor for adapter {'/'.join(map(str, path))}")
+    name = str(path[3])
+    weight, side = (name[:-len(lora.A_SUFFIX)], "A") if name.endswith(lora.A_SUFFIX) else (
+        name[:-len(lora.B_SUFFIX)], "B")
+    value = np.asarray(jax.device_get(var.get_value())).astype(np.float32)
+    r = cfg.rank
+    # Ours: A [*in, r], B [r, *out]; PEFT: lora_A [r, in], lora_B [out, r] (torch Linear layout).
+    value = value.reshape(-1, r).T if side == "A" else value.reshape(r, -1).T
+    key = f"base_model.model.model.layers.{int(path[1])}.{_PEFT_MODULES[weight]}.lora_{side}.weight"
+    tensors[key] = np.ascontiguousarray(value)
+  config = {
+      "peft_type": "LORA", "task_type": "CAUSAL_LM", "r": cfg.rank, "lora_alpha": cfg.alpha,
+      "target_modules": sorted({_PEFT_MODULES[lora.WEIGHTS[t][1]].split(".")[1] for t in cfg.targets}),
+      "lora_dropout": 0.0, "bias": "none", "fan_in_fan_out": False, "use_rslora": False,
+      "base_model_name_or_path": base_model_name_or_path, "inference_mode": True,
+      "init_lora_weights": True, "modules_to_save": None, "layers_to_transform": None,
+      "layers_pattern": None, "rank_pattern": {}, "alpha_pattern": {}, "revision": None,
+  }
+  os.makedirs(out_dir, exist_ok=True)
+  with open(os.path.join(out_dir, PEFT_CONFIG_FILE), "w") as f:
+    json.dump(config, f, indent=2)
+  save_file(tensors, os.path.join(out_dir, PEFT_WEIGHTS_FILE), metadata={"format": "pt"})
+  return config
 
 
 if __name__ == "__main__":

@@ -11,6 +11,7 @@ import jax.numpy as jnp
 from flax import nnx
 from flax.core import spmd as core_spmd
 
+from mtrl_jax.models import lora
 from mtrl_jax.models.attention import attention
 from mtrl_jax.models.config import ModelConfig
 
@@ -40,6 +41,30 @@ def _param(rngs, init, shape, names, dtype):
   eager = mesh is not None and not mesh.empty
   value = init(rngs.params(), shape, dtype)
   return nnx.Param(value, out_sharding=names, eager_sharding=eager)
+
+
+def _add_adapters(module: nnx.Module, cfg: ModelConfig, specs: dict) -> None:
+  """LoRA (A, B) of each weight of `specs` that cfg.lora targets, as `<weight>_lora_a/_b`.
+
+  specs: weight -> (input shape, input names, output shape, output names),
+  the split of the weight's axes into the contracted and the produced ones.
+  """
+  mesh = jax.sharding.get_abstract_mesh()
+  eager = mesh is not None and not mesh.empty
+  for weight, (in_shape, in_names, out_shape, out_names) in specs.items():
+    if cfg.lora.adapts(weight):
+      a, b = lora.adapter_pair(in_shape, in_names, out_shape, out_names, cfg.lora.rank, cfg.weight_dtype,
+                               mesh_eager=eager)
+      setattr(module, weight + lora.A_SUFFIX, a)
+      setattr(module, weight + lora.B_SUFFIX, b)
+
+
+def _project(module: nnx.Module, weight: str, spec: str, x: jax.Array) -> jax.Array:
+  """x times one projection weight of `module` (an einsum `spec`), plus its LoRA term when it has one."""
+  cfg = module.cfg
+  dt = cfg.compute_dtype
+  y = jnp.einsum(spec, x, getattr(module, weight)[...].astype(dt))
+  return lora.apply(module, weight, x, y, cfg.lora.scale if cfg.lora.enabled else 0.0, dt)
 
 
 class RMSNorm(nnx.Module):
@@ -84,6 +109,11 @@ class Attention(nnx.Module):
       self.bq = _param(rngs, zeros, (h, hd), ("heads", "head_dim"), pdt)
       self.bk = _param(rngs, zeros, (kv, hd), ("kv_heads", "head_dim"), pdt)
       self.bv = _param(rngs, zeros, (kv, hd), ("kv_heads", "head_dim"), pdt)
+    _add_adapters(self, cfg, {
+        "wq": ((d,), ("embed",), (h, hd), ("heads", "head_dim")),
+        "wk": ((d,), ("embed",), (kv, hd), ("kv_heads", "head_dim")),
+        "wv": ((d,), ("embed",), (kv, hd), ("kv_heads", "head_dim")),
+        "wo": ((h, hd), ("heads", "head_dim"), (d,), ("embed",))})
 
   def __call__(self, x_btd, pos_bt, k_cache, v_cache, write_pos_bt, kv_len_b, segment_ids_bt=None):
     """Attends the new tokens to the cache (or to themselves when no cache).
@@ -99,9 +129,9 @@ class Attention(nnx.Module):
     """
     cfg, dt = self.cfg, self.cfg.compute_dtype
     x = x_btd.astype(dt)
-    q = jnp.einsum("btd,dhk->bthk", x, self.wq[...].astype(dt))
-    k = jnp.einsum("btd,dhk->bthk", x, self.wk[...].astype(dt))
-    v = jnp.einsum("btd,dhk->bthk", x, self.wv[...].astype(dt))
+    q = _project(self, "wq", "btd,dhk->bthk", x)
+    k = _project(self, "wk", "btd,dhk->bthk", x)
+    v = _project(self, "wv", "btd,dhk->bthk", x)
     if cfg.qkv_bias:
       q, k, v = q + self.bq[...].astype(dt), k + self.bk[...].astype(dt), v + self.bv[...].astype(dt)
     q = shard(rope(q, pos_bt, cfg.rope_theta), ("batch", "length", "heads", "head_dim"))
@@ -111,7 +141,7 @@ class Attention(nnx.Module):
     if k_cache is None:
       out = attention(q, k, v, segment_ids_bt=segment_ids_bt, impl=cfg.attention,
                       block_q=cfg.attention_block, block_kv=cfg.attention_block)
-      y = jnp.einsum("bthk,hkd->btd", out, self.wo[...].astype(dt))
+      y = _project(self, "wo", "bthk,hkd->btd", out)
       return shard(y, ("batch", "length", "embed")), k_cache, v_cache
     else:
       if segment_ids_bt is not None:
@@ -147,7 +177,7 @@ class Attention(nnx.Module):
     # einsum for btgrk directly made XLA:CPU pick a slow dot that reads the
     # cache transposed (40x slower per decode step at 768 slots).
     out = jnp.einsum("bgrts,bgsk->bgrtk", probs, vals).transpose(0, 3, 1, 2, 4).reshape(b, t, h, hd)
-    y = jnp.einsum("bthk,hkd->btd", out, self.wo[...].astype(dt))
+    y = _project(self, "wo", "bthk,hkd->btd", out)
     return shard(y, ("batch", "length", "embed")), k_cache, v_cache
 
 
@@ -160,11 +190,15 @@ class MLP(nnx.Module):
     self.w_gate = _param(rngs, init, (cfg.dim, cfg.mlp_dim), ("embed", "mlp"), pdt)
     self.w_up = _param(rngs, init, (cfg.dim, cfg.mlp_dim), ("embed", "mlp"), pdt)
     self.w_down = _param(rngs, init, (cfg.mlp_dim, cfg.dim), ("mlp", "embed"), pdt)
+    d, f = cfg.dim, cfg.mlp_dim
+    _add_adapters(self, cfg, {"w_gate": ((d,), ("embed",), (f,), ("mlp",)),
+                              "w_up": ((d,), ("embed",), (f,), ("mlp",)),
+                              "w_down": ((f,), ("mlp",), (d,), ("embed",))})
 
   def __call__(self, x):
     dt = self.cfg.compute_dtype
     x = x.astype(dt)
-    g = jnp.einsum("btd,df->btf", x, self.w_gate[...].astype(dt))
-    u = jnp.einsum("btd,df->btf", x, self.w_up[...].astype(dt))
+    g = _project(self, "w_gate", "btd,df->btf", x)
+    u = _project(self, "w_up", "btd,df->btf", x)
     hdn = shard(jax.nn.silu(g) * u, ("batch", "length", "mlp"))
-    return jnp.einsum("btf,fd->btd", hdn, self.w_down[...].astype(dt))
+    return _project(self, "w_down", "btf,fd->btd", hdn)

@@ -13,7 +13,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from mtrl_jax.models import layout
+from mtrl_jax.models import layout, lora
 from mtrl_jax.models.config import ModelConfig
 from mtrl_jax.models.layers import MLP, Attention, RMSNorm, _param, shard
 
@@ -61,7 +61,11 @@ class Block(nnx.Module):
 
 
 class Transformer(nnx.Module):
-  """The policy network. `lm_head=False` builds a bare trunk (for a critic)."""
+  """The policy network. `lm_head=False` builds a bare trunk (for a critic).
+
+  With `cfg.lora.rank > 0` the blocks' projection weights carry LoRA
+  adapters (models/lora.py), which start as a no-op.
+  """
 
   def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs, lm_head: bool = True):
     self.cfg = cfg
@@ -75,6 +79,10 @@ class Transformer(nnx.Module):
     self.has_lm_head = lm_head
     if lm_head and not cfg.tie_embeddings:
       self.lm_head = _param(rngs, nnx.initializers.normal(0.02), (cfg.dim, cfg.vocab_size), ("embed", "vocab"), pdt)
+    if cfg.lora.enabled:
+      # The adapters' A from one key drawn after every base weight, so a seed
+      # gives the same base with or without adapters (B is zero: same outputs too).
+      nnx.update(self, lora.fresh_adapters(nnx.state(self, lora.ADAPTER), rngs.params()))
 
   def init_cache(self, batch: int, capacity: int, dtype=None) -> KVCache:
     cfg = self.cfg

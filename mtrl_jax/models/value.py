@@ -9,7 +9,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from mtrl_jax.models import layout
+from mtrl_jax.models import layout, lora
 from mtrl_jax.models.config import ModelConfig
 from mtrl_jax.models.layers import _param
 from mtrl_jax.models.transformer import Transformer
@@ -50,10 +50,12 @@ def copy_trunk(src: Transformer, dst: Transformer) -> None:
   """Copies every trunk parameter (embedding, blocks, final norm) src -> dst.
 
   The two may differ in block layout (`ModelConfig.scan_layers`): src's
-  blocks are stacked or unstacked to dst's first.
+  blocks are stacked or unstacked to dst's first. LoRA adapters are not
+  trunk weights: src's adapters are folded into the copied weights, dst's
+  own adapters are left as they are.
   """
-  src_state = nnx.state(src, nnx.Param)
-  dst_state = nnx.state(dst, nnx.Param)
+  src_state = lora.merged(nnx.state(src, nnx.Param), src.cfg.lora)
+  dst_state = nnx.state(dst, nnx.All(nnx.Param, nnx.Not(lora.ADAPTER)))
   src_flat = nnx.to_flat_state(src_state)
   src_flat = dict(layout.stack_flat(src_flat) if dst.cfg.scan_layers else layout.unstack_flat(src_flat))
   missing = []
@@ -65,6 +67,31 @@ def copy_trunk(src: Transformer, dst: Transformer) -> None:
   if missing:
     raise ValueError(f"source trunk lacks parameters {missing}")
   nnx.update(dst, dst_state)
+
+
+# critic.kind="lora": the Critic's own state is its trunk's adapters and its
+# head; the rest of the trunk is the policy's frozen base, borrowed at call time
+# (one trunk, two adapters).
+SHARED_TRUNK_OWN = nnx.Any(lora.ADAPTER, nnx.PathContains("head"))
+
+
+def trunk_from_policy(policy_state: nnx.State) -> nnx.State:
+  """The policy's trunk weights (embedding, blocks, final norm; no adapters, no LM head)
+  under the paths a Critic holds them ('trunk', ...)."""
+  out = []
+  for path, var in nnx.to_flat_state(policy_state):
+    path = tuple(path)
+    if isinstance(var, lora.ADAPTER) or path[0] == "lm_head":
+      continue
+    out.append((("trunk",) + path, var))
+  return nnx.from_flat_state(out)
+
+
+def with_policy_trunk(own: nnx.State, policy_state: nnx.State) -> nnx.State:
+  """A shared-trunk critic's full state: its own adapters and head plus the policy's trunk
+  (through stop_gradient: the value loss never moves the policy)."""
+  trunk = jax.tree.map(jax.lax.stop_gradient, trunk_from_policy(policy_state))
+  return nnx.merge_state(own, trunk)
 
 
 class PolicyWithValueHead(nnx.Module):

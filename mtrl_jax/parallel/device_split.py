@@ -62,18 +62,22 @@ class SplitSamplerWeights:
     devices: the sampler's devices.
     local_shape: the sampler mesh's shape (`config.rollout.local_mesh`; ():
       (len(devices), 1, 1), weights replicated, rows split).
+    finish: a function of the weights on the sampler's devices, applied after
+      each copy (LoRA: the adapters merged into the base, train/adapters.py).
   """
 
   multihost = False
 
-  def __init__(self, params, rules, devices: Sequence, local_shape: Sequence[int] = ()):
+  def __init__(self, params, rules, devices: Sequence, local_shape: Sequence[int] = (), *, finish=None):
     shape = tuple(local_shape) or (len(devices), 1, 1)
     self.mesh = make_mesh(shape, devices=list(devices), field="config.rollout.local_mesh")
     self.local_mesh = self.mesh
     self._shardings = state_shardings(params, self.mesh, rules)
+    self._finish = jax.jit(finish) if finish is not None else None
     logging.info("sampler mesh %s over devices %s (the learner keeps the others)", shape,
                  [d.id for d in self.mesh.devices.flat])
 
   def __call__(self, params):
     """The weights laid out on the sampler's mesh: a copy, on its devices only."""
-    return jax.device_put(params, self._shardings)
+    out = jax.device_put(params, self._shardings)
+    return self._finish(out) if self._finish is not None else out

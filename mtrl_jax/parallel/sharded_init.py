@@ -118,3 +118,22 @@ def create_sharded(model_factory: Callable[[], nnx.Module], mesh: Mesh, rules: R
   with jax.set_mesh(mesh), nnx.logical_axis_rules(rules):
     state = jax.jit(init, out_shardings=shardings)()
   return nnx.merge(graphdef, state)
+
+
+def create_sharded_part(model_factory: Callable[[], nnx.Module], part, mesh: Mesh, rules: Rules, *,
+                        strict: bool = False):
+  """(graphdef of the whole module, the state that the nnx filter `part` selects), created sharded.
+
+  Only the selected part is materialised (the jitted init returns nothing
+  else, so XLA drops the rest), e.g. a shared-trunk critic's adapters and
+  head without a second copy of the trunk it borrows.
+  """
+  rules = validate_rules(rules, mesh)
+  graphdef, abs_state = abstract_model(model_factory, mesh, rules)
+  shardings = state_shardings(nnx.split_state(abs_state, part, ...)[0], mesh, rules, strict=strict)
+
+  def init():
+    return nnx.split_state(nnx.split(model_factory())[1], part, ...)[0]
+
+  with jax.set_mesh(mesh), nnx.logical_axis_rules(rules):
+    return graphdef, jax.jit(init, out_shardings=shardings)()

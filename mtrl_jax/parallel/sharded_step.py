@@ -110,25 +110,49 @@ def make_grad_fn(loss_fn: LossFn, *, mesh: Mesh, rules: Rules, param_shardings) 
   return ShardedFn(jitted, mesh, rules)
 
 
+def split_trainable(state, trainable):
+  """(what an optimiser moves, what stays frozen) of an nnx.State; `trainable` (an nnx
+  filter) None = all of it, and the frozen part is None."""
+  if trainable is None or state is None:
+    return state, None
+  return nnx.split_state(state, trainable, ...)
+
+
+def join_trainable(train, frozen):
+  """The inverse of `split_trainable`."""
+  return train if frozen is None else nnx.merge_state(train, frozen)
+
+
 def make_train_step(loss_fn: LossFn, optimizer: optax.GradientTransformation, *, mesh: Mesh, rules: Rules,
-                    param_shardings, opt_shardings, donate: bool = True) -> ShardedFn:
+                    param_shardings, opt_shardings, donate: bool = True,
+                    frozen_shardings=None) -> ShardedFn:
   """step(params, opt_state, batch) -> (params, opt_state, metrics), jitted with explicit shardings.
 
   params and opt_state are donated: their old buffers are reused for the new
   values, so the caller must drop its references to the inputs. metrics adds
   `loss` and `grad_norm` to the loss's own metrics; all are replicated scalars
   left on device (fetch them only on log steps).
+
+  With `frozen_shardings` the step is step(params, opt_state, batch, frozen):
+  `params` is the trained part of the model's state (e.g. its LoRA adapters,
+  see `split_trainable`) and `frozen` the rest, which the loss sees but which
+  is neither differentiated nor donated nor returned.
   """
   rules = validate_rules(rules, mesh)
 
-  def step(params, opt_state, batch):
-    (loss, metrics), grads = jax.value_and_grad(loss_fn, has_aux=True)(params, batch)
+  def step(params, opt_state, batch, frozen=None):
+    def loss_of(params, batch):
+      return loss_fn(join_trainable(params, frozen), batch)
+
+    (loss, metrics), grads = jax.value_and_grad(loss_of, has_aux=True)(params, batch)
     updates, opt_state = optimizer.update(grads, opt_state, params)
     params = optax.apply_updates(params, updates)
     return params, opt_state, {**metrics, "loss": loss, "grad_norm": optax.global_norm(grads)}
 
-  jitted = jax.jit(step,
-                   in_shardings=(param_shardings, opt_shardings, _batch_in_sharding(mesh, rules)),
+  in_sh = (param_shardings, opt_shardings, _batch_in_sharding(mesh, rules))
+  if frozen_shardings is not None:
+    in_sh = in_sh + (frozen_shardings,)
+  jitted = jax.jit(step, in_shardings=in_sh,
                    out_shardings=(param_shardings, opt_shardings, replicated(mesh)),
                    donate_argnums=(0, 1) if donate else ())
   return ShardedFn(jitted, mesh, rules)

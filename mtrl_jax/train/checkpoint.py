@@ -91,3 +91,18 @@ def restore_subtree(workdir: str, abstract_subtree: dict) -> tuple[dict, dict]:
       meta=ocp.args.JsonRestore()))
   manager.close()
   return out.state, dict(out.meta)
+
+
+def read_meta(workdir: str) -> dict | None:
+  """The JSON record of another run's latest checkpoint (None when it has none)."""
+  directory = os.path.abspath(os.path.join(workdir, "checkpoints"))
+  if not os.path.isdir(directory):
+    return None
+  manager = ocp.CheckpointManager(directory, options=ocp.CheckpointManagerOptions(create=False))
+  try:
+    step = manager.latest_step()
+    if step is None:
+      return None
+    return dict(manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore())).meta)
+  finally:
+    manager.close()

@@ -23,17 +23,18 @@ from mtrl_jax.credit.batch import CreditBatch
 from mtrl_jax.credit.losses import PolicyLossConfig
 from mtrl_jax.credit.regularizers import kl_reward_penalty
 from mtrl_jax.credit.shaping import informative_groups_np
+from mtrl_jax.models import lora
 from mtrl_jax.parallel.batch import num_batch_shards, put_global_batch
 from mtrl_jax.parallel.sharded_init import state_shardings
-from mtrl_jax.parallel.sharded_step import (init_opt_state, opt_state_shardings, replicated,
-                                            sharding_context)
+from mtrl_jax.parallel.sharded_step import (init_opt_state, join_trainable, opt_state_shardings, replicated,
+                                            sharding_context, split_trainable)
 from mtrl_jax.rollout.packing import PackedBatch, pack_sessions
 from mtrl_jax.rollout.row_packing import RowPlan, pack_per_sample, pack_rows, plan_rows, unpack_rows
 from mtrl_jax.rollout.session import Session
 from mtrl_jax.train import optim
 from mtrl_jax.envs import registry as env_registry
 from mtrl_jax.train import critic_readout
-from mtrl_jax.train.rl_step import (LearnerState, RLBatch, StepFlags, make_rl_step, make_score_fn,
+from mtrl_jax.train.rl_step import (Frozen, LearnerState, RLBatch, StepFlags, make_rl_step, make_score_fn,
                                     make_values_fn)
 
 CRITIC_ESTIMATORS = ("gae", "turn_gae", "bilevel_gae")
@@ -70,28 +71,42 @@ class Learner:
     self.tx_critic = (optim.adamw(rl.critic_lr, steps, warmup_steps=rl.warmup_steps, clip_grad=rl.clip_grad)
                       if critic_gd is not None else None)
 
+    # A network that carries LoRA adapters trains only them (and its value
+    # head): the optimiser state covers that part, the base stays frozen.
+    self.policy_trainable = lora_trainable(policy_params, "value_head")
+    self.critic_trainable = lora_trainable(critic_params, "head")
+    self.shared_trunk = c.critic.kind == "lora"  # the critic state is adapters + head on the policy's trunk
+
     # Shardings of every piece of state, from the parameters' logical names.
     p_sh = state_shardings(policy_params, mesh, rules)
     c_sh = state_shardings(critic_params, mesh, rules) if critic_params is not None else {}
-    op_sh = opt_state_shardings(self.tx_policy, policy_params, p_sh, mesh)
-    oc_sh = (opt_state_shardings(self.tx_critic, critic_params, c_sh, mesh)
+    op_sh = self._opt_shardings(self.tx_policy, policy_params, self.policy_trainable)
+    oc_sh = (self._opt_shardings(self.tx_critic, critic_params, self.critic_trainable)
              if critic_params is not None else {})
     self.state_sh = LearnerState(p_sh, op_sh, c_sh, oc_sh)
     self.ref_sh = p_sh if ref_params is not None else None
     self.state = LearnerState(
-        policy_params, init_opt_state(self.tx_policy, policy_params, op_sh),
+        policy_params, init_opt_state(self.tx_policy, split_trainable(policy_params, self.policy_trainable)[0],
+                                      op_sh),
         critic_params if critic_params is not None else {},
-        init_opt_state(self.tx_critic, critic_params, oc_sh) if critic_params is not None else {})
-    self.ref_params = ref_params
+        init_opt_state(self.tx_critic, split_trainable(critic_params, self.critic_trainable)[0], oc_sh)
+        if critic_params is not None else {})
+    # With adapters the reference policy is only their starting values: its base is the policy's.
+    self.ref_params = (jax.tree.map(jnp.copy, split_trainable(ref_params, self.policy_trainable)[0])
+                       if ref_params is not None else None)
 
     rep = replicated(mesh)
     step = make_rl_step(policy_gd, critic_gd, self.tx_policy, self.tx_critic, self.loss_cfg,
                         value_coef=rl.value_coef, value_clip=rl.value_clip or None,
-                        decoupled=rl.decoupled)
-    self._step = jax.jit(step, in_shardings=(self.state_sh, None, rep),
-                         out_shardings=(self.state_sh, rep), donate_argnums=(0,))
+                        decoupled=rl.decoupled, shared_trunk=self.shared_trunk)
+    # Only the trainable parts are donated and returned; the frozen base goes in as
+    # its own argument and keeps its arrays (the sampler may hold them).
+    train_sh, frozen_sh = self._split(self.state_sh)
+    self._step_jit = jax.jit(step, in_shardings=(train_sh, None, rep, frozen_sh),
+                             out_shardings=(train_sh, rep), donate_argnums=(0,))
     # Replicated outputs: every host reads the whole batch's scores (multi-host included).
-    self._score = jax.jit(make_score_fn(policy_gd, critic_gd), out_shardings=rep)
+    self._score = jax.jit(make_score_fn(policy_gd, critic_gd, policy_trainable=self.policy_trainable,
+                                        shared_trunk=self.shared_trunk), out_shardings=rep)
     self._values = (jax.jit(make_values_fn(policy_gd, critic_gd), out_shardings=rep)
                     if critic_gd is not None or self.head_critic else None)
     self.decision_fn = env_registry.first_decision_fn(c.env.name)
@@ -100,6 +115,40 @@ class Learner:
     self._mc_targets = jax.jit(monte_carlo_targets)
 
   # ------------------------------------------------------------------ helpers
+  def _opt_shardings(self, tx, params, trainable):
+    train = split_trainable(params, trainable)[0]
+    return opt_state_shardings(tx, train, state_shardings(train, self.mesh, self.rules), self.mesh)
+
+  def _split(self, state: LearnerState) -> tuple[LearnerState, Frozen]:
+    """(the trainable parts with their optimiser states, the frozen parts) of a learner state."""
+    p_t, p_f = split_trainable(state.policy, self.policy_trainable)
+    c_t, c_f = split_trainable(state.critic, self.critic_trainable)
+    return LearnerState(p_t, state.opt_policy, c_t, state.opt_critic), Frozen(p_f, c_f)
+
+  def _join(self, train: LearnerState, frozen: Frozen) -> LearnerState:
+    return LearnerState(join_trainable(train.policy, frozen.policy), train.opt_policy,
+                        join_trainable(train.critic, frozen.critic), train.opt_critic)
+
+  def _step(self, train: LearnerState, batch: RLBatch, flags: StepFlags, frozen: Frozen = Frozen()):
+    """The jitted update on (trainable state, device batch, flags, frozen parts); `train` is donated."""
+    return self._step_jit(train, batch, flags, frozen)
+
+  def step(self, batch: RLBatch, flags: StepFlags) -> dict:
+    """One minibatch step on a device batch: the trainable state moves, the frozen parts stay."""
+    train, frozen = self._split(self.state)
+    new, met = self._step(train, batch, flags, frozen)
+    self.state = self._join(new, frozen)
+    return met
+
+  def fresh_policy_opt(self):
+    """A new optimiser state for the policy's trainable part (all of it, or its adapters)."""
+    train = split_trainable(self.state.policy, self.policy_trainable)[0]
+    return init_opt_state(self.tx_policy, train, self.state_sh.opt_policy)
+
+  def snapshot_ref(self):
+    """The current policy as the KL reference: a copy of its trainable part (all of it, or its adapters)."""
+    return jax.tree.map(jnp.copy, split_trainable(self.state.policy, self.policy_trainable)[0])
+
   @property
   def has_values(self) -> bool:
     return self.critic_gd is not None or self.head_critic
@@ -264,7 +313,7 @@ class Learner:
         for m in range(rl.minibatches):
           idx = perm[m * mb:(m + 1) * mb]
           part = self._put(jax.tree.map(lambda x: np.asarray(x)[idx], full))
-          self.state, met = self._step(self.state, part, flags)
+          met = self.step(part, flags)
           metrics_acc.append(met)
     host = jax.device_get(metrics_acc)
     nonfinite = sum(float(m["nonfinite"]) for m in host)
@@ -334,6 +383,14 @@ def sampler_mismatch(prox_logp_bt, behav_logp_bt, loss_mask_bt, version_bt, vers
   return {"mismatch/logp_abs_mean": float(gap.mean()) if gap.size else 0.0,
           "mismatch/logp_abs_max": float(gap.max()) if gap.size else 0.0,
           "mismatch/tokens": float(gap.size)}
+
+
+def lora_trainable(params, head: str):
+  """What trains in a network's params: None (all) without LoRA adapters, else the adapters
+  plus the value head (found by the path key `head`)."""
+  if params is None or not lora.has_adapters(params):
+    return None
+  return nnx.Any(lora.ADAPTER, nnx.PathContains(head))
 
 
 def aaw_rows(key, batch: CreditBatch, num: int, floor: float = 0.0, **adv_options):

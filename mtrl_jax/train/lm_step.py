@@ -72,10 +72,16 @@ def lm_loss_fn(graphdef: nnx.GraphDef) -> Callable:
 
 
 def make_lm_train_step(graphdef: nnx.GraphDef, optimizer: optax.GradientTransformation, mesh: Mesh,
-                       rules: Rules, param_shardings, opt_shardings, *, donate: bool = True) -> ShardedFn:
-  """step(params, opt_state, batch) -> (params, opt_state, metrics); params/opt_state donated."""
+                       rules: Rules, param_shardings, opt_shardings, *, donate: bool = True,
+                       frozen_shardings=None) -> ShardedFn:
+  """step(params, opt_state, batch) -> (params, opt_state, metrics); params/opt_state donated.
+
+  With `frozen_shardings`: step(params, opt_state, batch, frozen), where params
+  is the trained part (LoRA adapters) and frozen the rest (see make_train_step).
+  """
   return make_train_step(lm_loss_fn(graphdef), optimizer, mesh=mesh, rules=rules,
-                         param_shardings=param_shardings, opt_shardings=opt_shardings, donate=donate)
+                         param_shardings=param_shardings, opt_shardings=opt_shardings, donate=donate,
+                         frozen_shardings=frozen_shardings)
 
 
 def split_params(model: nnx.Module):

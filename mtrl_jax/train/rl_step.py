@@ -18,7 +18,8 @@ from flax import nnx
 from mtrl_jax.credit.diagnostics import per_turn_mean_std
 from mtrl_jax.credit.losses import PolicyLossConfig, policy_loss, value_loss
 from mtrl_jax.models.logprobs import TokenStats, token_stats
-from mtrl_jax.models.value import PolicyWithValueHead
+from mtrl_jax.models.value import PolicyWithValueHead, with_policy_trunk
+from mtrl_jax.parallel.sharded_step import join_trainable, split_trainable
 
 
 class LearnerState(NamedTuple):
@@ -84,10 +85,30 @@ def _keep_if(ok, new, old):
   return jax.tree.map(lambda n, o: jnp.where(ok, n, o), new, old)
 
 
+class Frozen(NamedTuple):
+  """The parts of the policy / critic state no optimiser moves (LoRA: the base), or None.
+
+  The step reads them but neither differentiates, donates nor returns them:
+  their arrays stay the caller's, unchanged, from update to update.
+  """
+  policy: Any = None
+  critic: Any = None
+
+
 def make_rl_step(policy_gd, critic_gd, tx_policy: optax.GradientTransformation,
                  tx_critic: Optional[optax.GradientTransformation], loss_cfg: PolicyLossConfig, *,
-                 value_coef: float, value_clip: Optional[float], decoupled: bool) -> Callable:
-  """Returns the pure step fn(state, batch, flags) -> (state, metrics); jit it with shardings."""
+                 value_coef: float, value_clip: Optional[float], decoupled: bool,
+                 shared_trunk: bool = False) -> Callable:
+  """Returns the pure step fn(state, batch, flags, frozen=Frozen()) -> (state, metrics); jit it
+  with shardings, donating `state` only.
+
+  `state.policy` / `state.critic` hold what the optimisers update and
+  `frozen` the rest of each network (None: nothing is frozen): with LoRA
+  adapters, the adapters (and a value head) train and the base is frozen, so
+  optimiser states and gradients cover the adapters only. `shared_trunk`: the
+  critic state is a shared-trunk critic's own part and its trunk is the
+  policy's (critic.kind="lora").
+  """
   head = critic_gd is None and tx_critic is None
 
   def loss_fn(params, batch: RLBatch, flags: StepFlags):
@@ -107,6 +128,8 @@ def make_rl_step(policy_gd, critic_gd, tx_policy: optax.GradientTransformation,
     if head_values is not None:
       values = head_values
     elif c_params is not None and critic_gd is not None:
+      if shared_trunk:
+        c_params = with_policy_trunk(c_params, p_params)
       values = critic_values(critic_gd, c_params, batch.tokens_bt, batch.positions_bt, seg)
     else:
       values = None
@@ -120,28 +143,35 @@ def make_rl_step(policy_gd, critic_gd, tx_policy: optax.GradientTransformation,
     total = total * (1.0 + flags.poison)
     return total, diag
 
-  def step(state: LearnerState, batch: RLBatch, flags: StepFlags):
+  def step(state: LearnerState, batch: RLBatch, flags: StepFlags, frozen: Frozen = Frozen()):
     has_critic = critic_gd is not None
-    params = (state.policy, state.critic if has_critic else None)
-    (loss, diag), (g_p, g_c) = jax.value_and_grad(loss_fn, has_aux=True)(params, batch, flags)
+    p_train, c_train = state.policy, (state.critic if has_critic else None)
+
+    def loss_of_trainable(trainable, batch, flags):
+      pt, ct = trainable
+      full = (join_trainable(pt, frozen.policy), join_trainable(ct, frozen.critic) if has_critic else None)
+      return loss_fn(full, batch, flags)
+
+    (loss, diag), (g_p, g_c) = jax.value_and_grad(loss_of_trainable, has_aux=True)(
+        (p_train, c_train), batch, flags)
     gn_p = optax.global_norm(g_p)
     gn_c = optax.global_norm(g_c) if has_critic else jnp.zeros(())
     ok = jnp.isfinite(loss) & jnp.isfinite(gn_p) & jnp.isfinite(gn_c)
-    upd, opt_p = tx_policy.update(g_p, state.opt_policy, state.policy)
-    new_p = optax.apply_updates(state.policy, upd)
+    upd, opt_p = tx_policy.update(g_p, state.opt_policy, p_train)
+    new_p = optax.apply_updates(p_train, upd)
     # A head critic lives in the policy params: it must move even while the
     # policy is frozen (value pretraining, critic warm-up).
     move_p = ok & ((flags.train_policy > 0) | (head & (flags.train_critic > 0)))
     if head:
-      new_p, opt_p = _mask_head_update(state, new_p, opt_p, flags)
-    policy = _keep_if(move_p, new_p, state.policy)
+      new_p, opt_p = _mask_head_update(p_train, new_p, opt_p, flags)
+    policy = _keep_if(move_p, new_p, p_train)
     opt_policy = _keep_if(move_p, opt_p, state.opt_policy)
     critic, opt_critic = state.critic, state.opt_critic
     if has_critic:
-      upd_c, opt_c = tx_critic.update(g_c, state.opt_critic, state.critic)
-      new_c = optax.apply_updates(state.critic, upd_c)
+      upd_c, opt_c = tx_critic.update(g_c, state.opt_critic, c_train)
+      new_c = optax.apply_updates(c_train, upd_c)
       move_c = ok & (flags.train_critic > 0)
-      critic = _keep_if(move_c, new_c, state.critic)
+      critic = _keep_if(move_c, new_c, c_train)
       opt_critic = _keep_if(move_c, opt_c, state.opt_critic)
     metrics = {**diag, "total_loss": loss, "grad_norm_policy": gn_p, "grad_norm_critic": gn_c,
                "nonfinite": (~ok).astype(jnp.float32)}
@@ -150,7 +180,7 @@ def make_rl_step(policy_gd, critic_gd, tx_policy: optax.GradientTransformation,
   return step
 
 
-def _mask_head_update(state, new_p, opt_p, flags):
+def _mask_head_update(old_p, new_p, opt_p, flags):
   """With a shared trunk and the policy frozen, only the value head may change."""
   frozen = flags.train_policy <= 0
 
@@ -158,7 +188,7 @@ def _mask_head_update(state, new_p, opt_p, flags):
     is_head = any(getattr(k, "key", None) == "value_head" for k in path)
     return n if is_head else jnp.where(frozen, o, n)
 
-  return jax.tree_util.tree_map_with_path(pick, new_p, state.policy), opt_p
+  return jax.tree_util.tree_map_with_path(pick, new_p, old_p), opt_p
 
 
 def make_values_fn(policy_gd, critic_gd) -> Callable:
@@ -174,11 +204,14 @@ def make_values_fn(policy_gd, critic_gd) -> Callable:
   return values
 
 
-def make_score_fn(policy_gd, critic_gd, ref_gd=None) -> Callable:
+def make_score_fn(policy_gd, critic_gd, ref_gd=None, *, policy_trainable=None,
+                  shared_trunk: bool = False) -> Callable:
   """fn(policy, critic, ref, tokens, targets, positions, segment_ids=None) -> (logp, ref_logp, values).
 
   The learner's proximal log-probs (decoupled PPO), the reference log-probs
   (KL) and the critic's values, all computed once before the update epochs.
+  With `policy_trainable` (LoRA) the reference holds only that part of the
+  policy (its adapters): the frozen rest is the policy's own.
   """
 
   def score(p_params, c_params, ref_params, tokens_bt, targets_bt, positions_bt, segment_ids_bt=None):
@@ -186,12 +219,15 @@ def make_score_fn(policy_gd, critic_gd, ref_gd=None) -> Callable:
     logp = stats.logp_bt
     ref_logp = jnp.zeros_like(logp)
     if ref_params is not None:
-      ref_stats, _ = forward(ref_gd if ref_gd is not None else policy_gd, ref_params, tokens_bt,
+      ref_full = join_trainable(ref_params, split_trainable(p_params, policy_trainable)[1])
+      ref_stats, _ = forward(ref_gd if ref_gd is not None else policy_gd, ref_full, tokens_bt,
                              targets_bt, positions_bt, segment_ids_bt)
       ref_logp = ref_stats.logp_bt
     if head_v is not None:
       values = head_v
     elif critic_gd is not None:
+      if shared_trunk:
+        c_params = with_policy_trunk(c_params, p_params)
       values = critic_values(critic_gd, c_params, tokens_bt, positions_bt, segment_ids_bt)
     else:
       values = jnp.zeros_like(logp)

@@ -23,6 +23,7 @@ from mtrl_jax import config as config_lib
 from mtrl_jax.data import demos as demos_lib
 from mtrl_jax.envs import registry as env_registry
 from mtrl_jax.metrics import MetricsWriter, Progress, say
+from mtrl_jax.models import lora as lora_lib
 from mtrl_jax.models.config import RUNTIME_FIELDS, ModelConfig
 from mtrl_jax.models.tokenizer import ByteTokenizer, HFTokenizer
 from mtrl_jax.models.transformer import Transformer
@@ -35,11 +36,11 @@ from mtrl_jax.parallel.mesh import mesh_from_config
 from mtrl_jax.parallel.rules import rules_from_config
 from mtrl_jax.parallel.sampler_mesh import SamplerWeights
 from mtrl_jax.parallel.sharded_init import create_sharded
-from mtrl_jax.parallel.sharded_step import sharding_context
+from mtrl_jax.parallel.sharded_step import join_trainable, sharding_context, split_trainable
 from mtrl_jax.rollout.engine import RolloutEngine
 from mtrl_jax.rollout.ownership import host_share
 from mtrl_jax.sampling.sampler import Sampler, SamplingParams
-from mtrl_jax.train import optim
+from mtrl_jax.train import adapters, optim
 from mtrl_jax.train.checkpoint import Checkpointer, abstract_like
 from mtrl_jax.train.evaluate import evaluate
 from mtrl_jax.train.learner import Learner, NonFiniteError
@@ -79,10 +80,17 @@ class Run:
     if self.ckpt.latest_step() is None and c.init_from:
       self._warm_start(c.init_from)
     elif self.ckpt.latest_step() is not None:
+      if self.model_cfg.lora.enabled and c.init_from:
+        self._set_base(self._source_policy(c.init_from)[0])  # LoRA checkpoints hold no base
       restored, _ = self.ckpt.restore(self._abstract_tree())
       self._load_tree(restored)
       say(f"resumed from checkpoint {self.ckpt.latest_step()} in {workdir}: stages done "
           f"{self.meta['stages_done']}, {self.meta['stage']} at step {self.meta['stage_step']}")
+    if self.model_cfg.lora.enabled:
+      record = adapters.base_record(c, self.learner.policy_params_for_sampler())
+      if "lora_base" in self.meta:
+        adapters.check_base(self.meta["lora_base"], record)
+      self.meta["lora_base"] = record
     if self.is_main:
       with open(os.path.join(workdir, "config.json"), "w") as f:
         json.dump(_jsonable(c, self.model_cfg), f, indent=1)
@@ -108,7 +116,7 @@ class Run:
     seed = c.seed
     if c.hf_dir:
       from mtrl_jax.models.hf import load_policy
-      policy = load_policy(c.hf_dir, dtype=c.model.dtype, **self._switches())
+      policy = load_policy(c.hf_dir, dtype=c.model.dtype, lora_seed=seed, **self._switches())
     else:
       policy = create_sharded(lambda: Transformer(mc, rngs=nnx.Rngs(seed)), self.mesh, self.rules)
     if c.critic.kind == "head":
@@ -117,44 +125,70 @@ class Run:
     self.sampler_gd = nnx.split(policy.policy if c.critic.kind == "head" else policy)[0]
     critic_gd = critic_params = None
     if c.critic.kind == "separate":
-      critic = create_sharded(lambda: Critic(mc, rngs=nnx.Rngs(seed + 2)), self.mesh, self.rules)
+      critic = create_sharded(lambda: Critic(dataclasses.replace(mc, lora=lora_lib.OFF), rngs=nnx.Rngs(seed + 2)),
+                              self.mesh, self.rules)
       critic_gd, critic_params = nnx.split(critic)
+    elif c.critic.kind == "lora":  # adapters + value head on the policy's trunk
+      critic_gd, critic_params = adapters.shared_trunk_critic(c, mc, self.mesh, self.rules, seed + 2)
     self.critic_gd = critic_gd
-    ref = jax.tree.map(jnp.copy, policy_params) if c.rl.kl_coef else None
+    ref = policy_params if c.rl.kl_coef else None  # the learner keeps a copy
     self.learner = Learner(c, self.mesh, self.rules, policy_gd=self.policy_gd, policy_params=policy_params,
                            critic_gd=critic_gd, critic_params=critic_params, ref_params=ref,
                            total_updates=c.rl.steps, tokenizer=self.tok)
     self.learner.version = int(self.meta.get("version", 0))
     # Several hosts: every host samples on its own devices (parallel/sampler_mesh.py).
     # With rollout.devices, on its own devices (parallel/device_split.py).
+    # With LoRA only the adapters move, then are merged or applied (train/adapters.py).
+    sampler_gd, moving, finish = adapters.sampler_setup(mc, self.sampler_gd)
     if self.split.shared:
       self.weights = SamplerWeights(self.learner.policy_params_for_sampler(), self.rules,
-                                    tuple(c.rollout.local_mesh))
+                                    tuple(c.rollout.local_mesh), moving=moving, finish=finish)
     else:
       self.weights = SplitSamplerWeights(self.learner.policy_params_for_sampler(), self.rules,
-                                         self.split.sampler, tuple(c.rollout.local_mesh))
-    self.sampler = Sampler(self.sampler_gd, self.weights(self.learner.policy_params_for_sampler()),
+                                         self.split.sampler, tuple(c.rollout.local_mesh), finish=finish)
+    self.sampler = Sampler(sampler_gd, self.weights(self.learner.policy_params_for_sampler()),
                            pad_id=self.tok.pad_id, stop_ids=self.tok.stop_ids, version=self.learner.version,
                            mesh=None if self.split.shared else self.weights.mesh)
 
-  def _warm_start(self, source: str):
-    """The policy of another run's workdir (config.init_from) after its sft stage."""
-    from mtrl_jax.train.checkpoint import restore_subtree
-    want = {"policy": abstract_like(self.learner.state.policy)}
+  def _source_policy(self, source: str):
+    """(policy state, meta) of another run's latest checkpoint; with LoRA here, only its base part.
+
+    A LoRA run's checkpoints hold adapters, not a base: point init_from at the
+    full-weights run it started from instead.
+    """
+    from mtrl_jax.train.checkpoint import read_meta, restore_subtree
+    if (read_meta(source) or {}).get("lora_base"):
+      raise ValueError(f"config.init_from={source!r} is a LoRA run: its checkpoints hold adapters, not a "
+                       f"policy; use the run (or hf_dir) its base came from")
+    policy = self.learner.state.policy
+    if self.model_cfg.lora.enabled:
+      policy = split_trainable(policy, lora_lib.ADAPTER)[1]  # the base: the adapters start fresh
     try:
-      got, meta = restore_subtree(source, want)
+      got, meta = restore_subtree(source, {"policy": abstract_like(policy)})
     except (ValueError, KeyError) as e:  # orbax: a structure or shape that does not match
       raise ValueError(f"config.init_from={source!r}: its policy does not match this run's model "
                        f"(same config.model and critic.kind 'head' or not?): {e}") from e
+    return got["policy"], meta
+
+  def _set_base(self, base):
+    """The policy's frozen base (the whole policy without LoRA) replaced."""
+    st = self.learner.state
+    if self.model_cfg.lora.enabled:
+      base = join_trainable(split_trainable(st.policy, lora_lib.ADAPTER)[0], base)
+    self.learner.state = st._replace(policy=base)
+
+  def _warm_start(self, source: str):
+    """The policy of another run's workdir (config.init_from) after its sft stage (with LoRA: the frozen base)."""
+    got, meta = self._source_policy(source)
     source_done = list(meta.get("stages_done", []))
     done = [s for s in source_done if s in ("demos", "sft")]
     if "sft" not in done:
       raise ValueError(f"config.init_from={source!r}: that run has not finished its sft stage "
                        f"(stages done: {meta.get('stages_done')})")
-    self.learner.state = self.learner.state._replace(policy=got["policy"])
+    self._set_base(got)
     self._reset_policy_opt()
     if self.learner.ref_params is not None:
-      self.learner.ref_params = jax.tree.map(jnp.copy, self.learner.state.policy)
+      self.learner.ref_params = self.learner.snapshot_ref()
     what = "policy"
     # A source that also finished value pretraining (a critic warm start shared by the critic
     # arms of a study): its critic too, when this run pretrains a separate critic of that shape.
@@ -175,7 +209,10 @@ class Run:
 
   def _tree(self):
     s = self.learner.state
-    return {"policy": s.policy, "opt_policy": s.opt_policy, "critic": s.critic, "opt_critic": s.opt_critic,
+    # With LoRA the policy entry is its trainable part (adapters, a value head): the base
+    # is named by meta["lora_base"] and rebuilt from there on resume.
+    policy = split_trainable(s.policy, self.learner.policy_trainable)[0]
+    return {"policy": policy, "opt_policy": s.opt_policy, "critic": s.critic, "opt_critic": s.opt_critic,
             "ref": self.learner.ref_params if self.learner.ref_params is not None else {}}
 
   def _abstract_tree(self):
@@ -183,7 +220,9 @@ class Run:
 
   def _load_tree(self, t):
     from mtrl_jax.train.rl_step import LearnerState
-    self.learner.state = LearnerState(t["policy"], t["opt_policy"], t["critic"], t["opt_critic"])
+    frozen = split_trainable(self.learner.state.policy, self.learner.policy_trainable)[1]
+    self.learner.state = LearnerState(join_trainable(t["policy"], frozen), t["opt_policy"], t["critic"],
+                                      t["opt_critic"])
     if self.learner.ref_params is not None:
       self.learner.ref_params = t["ref"]
     self.learner.version = int(self.meta.get("version", 0))
@@ -327,17 +366,21 @@ class Run:
     p_sh = L.state_sh.policy["policy"] if sampler_only else L.state_sh.policy
     from mtrl_jax.parallel.sharded_step import init_opt_state, opt_state_shardings
     params = L.state.policy["policy"] if sampler_only else L.state.policy
+    # With LoRA only the adapters train (also here); `frozen` is the base.
+    params, frozen = split_trainable(params, L.policy_trainable)
+    p_sh, frozen_sh = split_trainable(p_sh, L.policy_trainable)
     o_sh = opt_state_shardings(tx, params, p_sh, self.mesh)
     start = int(self.meta["stage_step"]) if self.meta.get("stage") == "sft" else 0
     opt = init_opt_state(tx, params, o_sh)
     if start and not sampler_only:
       opt = L.state.opt_policy  # resumed mid-stage: the optimiser moments were saved there
-    step_fn = make_lm_train_step(gd, tx, self.mesh, self.rules, p_sh, o_sh)
+    step_fn = make_lm_train_step(gd, tx, self.mesh, self.rules, p_sh, o_sh, frozen_shardings=frozen_sh)
+    lora_args = () if frozen is None else (frozen,)
     prog = Progress("sft", s.steps, start)
     for k in range(start, s.steps):
       # Every host builds the same global batch and feeds its own devices' rows.
       batch = put_global_batch(batcher.batch(k), self.mesh, self.rules)
-      params, opt, met = step_fn(params, opt, batch)
+      params, opt, met = step_fn(params, opt, batch, *lora_args)
       if (k + 1) % max(c.log.every * 10, 1) == 0 or k + 1 == s.steps:
         m = jax.device_get(met)
         if not np.isfinite(m["loss"]):
@@ -345,14 +388,14 @@ class Run:
         self.writer.write(k + 1, "sft", {**{f"sft/{n}": v for n, v in m.items()},
                                          "sft/pad_fraction": batcher.pad_fraction(k)})
         prog.update(k + 1, loss=float(m["loss"]), acc=float(m["accuracy"]))
-      self._set_policy(params, sampler_only, opt)
+      self._set_policy(join_trainable(params, frozen), sampler_only, opt)
       if (k + 1) % max(c.checkpoint.every * 10, 1) == 0 and k + 1 < s.steps:
         self.save("sft", k + 1)
-    self._set_policy(params, sampler_only, None)
+    self._set_policy(join_trainable(params, frozen), sampler_only, None)
     # The optimiser state of the RL stage starts fresh.
     self._reset_policy_opt()
     if self.learner.ref_params is not None:
-      self.learner.ref_params = jax.tree.map(jnp.copy, self.learner.state.policy)
+      self.learner.ref_params = self.learner.snapshot_ref()
     return self.evaluate(s.steps, "sft")
 
   def _set_policy(self, params, sampler_only, opt):
@@ -364,15 +407,14 @@ class Run:
       self.learner.state = st._replace(policy=params, opt_policy=opt if opt is not None else st.opt_policy)
 
   def _reset_policy_opt(self):
-    from mtrl_jax.parallel.sharded_step import init_opt_state
     L = self.learner
-    L.state = L.state._replace(opt_policy=init_opt_state(L.tx_policy, L.state.policy, L.state_sh.opt_policy))
+    L.state = L.state._replace(opt_policy=L.fresh_policy_opt())
 
   def _init_critic_from_policy(self):
     if self.meta.get("critic_ready") or self.c.critic.kind != "separate" or not self.c.critic.init_from_policy:
       return
     L = self.learner
-    pol = nnx.to_flat_state(L.state.policy)
+    pol = nnx.to_flat_state(lora_lib.merged(L.state.policy, self.model_cfg.lora))  # a LoRA policy: merged
     src = {p: v for p, v in pol}
     crit = L.state.critic
     flat = []

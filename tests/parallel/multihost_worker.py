@@ -64,6 +64,48 @@ def sampler_weights_check(trainer) -> dict:
               sampler_max_diff=diff, fully_addressable=all(x.is_fully_addressable for x in jax.tree.leaves(local)))
 
 
+def lora_sampler_check(mesh) -> dict:
+  """SamplerWeights with LoRA: the first call sends base + adapters, a later one (new adapters,
+  same base arrays) only the adapters; the local weights equal the global ones, applied or merged."""
+  import dataclasses
+  import functools
+
+  import jax
+  import numpy as np
+  from flax import nnx
+  from jax.experimental import multihost_utils
+
+  from mtrl_jax.models import lora
+  from mtrl_jax.models.transformer import Transformer
+  from mtrl_jax.parallel import create_sharded, get_rules
+  from mtrl_jax.parallel.sampler_mesh import SamplerWeights, _tree_bytes
+
+  cfg = dataclasses.replace(tiny_config(), lora=lora.LoraConfig(rank=4, alpha=8.0))
+  rules = get_rules("default")
+  params = nnx.state(create_sharded(lambda: Transformer(cfg, rngs=nnx.Rngs(0)), mesh, rules))
+  adapters, base = nnx.split_state(params, lora.ADAPTER, ...)
+  weights = SamplerWeights(params, rules, moving=lora.ADAPTER)
+  weights(params)
+  sent_first = weights.last_sent_bytes
+  moved = nnx.merge_state(jax.jit(lambda t: jax.tree.map(lambda x: x + 0.1, t))(adapters), base)  # an "update"
+  local = weights(moved)
+  sent_second = weights.last_sent_bytes
+  want = multihost_utils.process_allgather(moved, tiled=True)
+  apply_diff = max(float(np.max(np.abs(np.asarray(a) - np.asarray(b))))
+                   for a, b in zip(jax.tree.leaves(local), jax.tree.leaves(want)))
+  merging = SamplerWeights(moved, rules, moving=lora.ADAPTER, finish=functools.partial(lora.merged, cfg=cfg.lora))
+  merged_local = merging(moved)
+  merged_want = lora.merged(jax.tree.map(np.asarray, want), cfg.lora)
+  merge_diff = max(float(np.max(np.abs(np.asarray(a) - np.asarray(b))))
+                   for a, b in zip(jax.tree.leaves(merged_local), jax.tree.leaves(merged_want)))
+  from mtrl_jax.train.adapters import fingerprint  # a global program over the sharded base
+  return dict(fingerprint=fingerprint(params),
+              adapter_bytes=_tree_bytes(adapters), base_bytes=_tree_bytes(base), sent_first=sent_first,
+              sent_second=sent_second, apply_max_diff=apply_diff, merge_max_diff=merge_diff,
+              merged_leaves=len(jax.tree.leaves(merged_local)), base_leaves=len(jax.tree.leaves(base)),
+              fully_addressable=all(x.is_fully_addressable for x in jax.tree.leaves(merged_local)))
+
+
 def main() -> int:
   import jax
 
@@ -76,7 +118,8 @@ def main() -> int:
   print("RESULT " + json.dumps(dict(process_id=info.process_id, num_processes=info.num_processes,
                                     global_devices=info.global_devices, local_devices=info.local_devices,
                                     data_hosts=data_hosts, rows=[rows.start, rows.stop], losses=losses,
-                                    sampler=sampler_weights_check(trainer))),
+                                    sampler=sampler_weights_check(trainer),
+                                    lora_sampler=lora_sampler_check(mesh))),
         flush=True)
   jax.distributed.shutdown()
   return 0

@@ -73,6 +73,16 @@ def test_two_processes_train_like_one():
     sm = r["sampler"]
     assert sm["fully_addressable"] and sm["sampler_devices"] == sm["local_devices"]
     assert len(sm["local_devices"]) == 4 and sm["sampler_max_diff"] == 0.0
+    # LoRA: base + adapters cross hosts once, then the adapters only; applied or merged on
+    # the local mesh, the weights equal the global ones.
+    ls = r["lora_sampler"]
+    assert ls["sent_first"] == ls["adapter_bytes"] + ls["base_bytes"] > 4 * ls["adapter_bytes"]
+    assert ls["sent_second"] == ls["adapter_bytes"]
+    assert ls["apply_max_diff"] == 0.0 and ls["merge_max_diff"] < 1e-6
+    assert ls["merged_leaves"] == ls["base_leaves"] and ls["fully_addressable"]
+    assert len(ls["fingerprint"]) == ls["base_leaves"]
+  # The base fingerprint of a LoRA checkpoint record (train/adapters.py) is the same on every host.
+  assert results[0]["lora_sampler"]["fingerprint"] == results[1]["lora_sampler"]["fingerprint"]
   assert set(results[0]["sampler"]["local_devices"]).isdisjoint(results[1]["sampler"]["local_devices"])
   np.testing.assert_array_equal(results[0]["losses"], results[1]["losses"])
   np.testing.assert_allclose(results[0]["losses"], ref_losses, rtol=1e-5, atol=1e-6)
