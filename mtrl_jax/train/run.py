@@ -41,7 +41,7 @@ from mtrl_jax.rollout.engine import RolloutEngine
 from mtrl_jax.rollout.ownership import host_share
 from mtrl_jax.sampling.sampler import Sampler, SamplingParams
 from mtrl_jax.train import adapters, optim
-from mtrl_jax.train.checkpoint import Checkpointer, abstract_like
+from mtrl_jax.train.checkpoint import Checkpointer, abstract_like, read_meta, restore_subtree
 from mtrl_jax.train.evaluate import evaluate
 from mtrl_jax.train.learner import Learner, NonFiniteError
 from mtrl_jax.train.lm_step import make_lm_train_step
@@ -156,7 +156,6 @@ class Run:
     A LoRA run's checkpoints hold adapters, not a base: point init_from at the
     full-weights run it started from instead.
     """
-    from mtrl_jax.train.checkpoint import read_meta, restore_subtree
     if (read_meta(source) or {}).get("lora_base"):
       raise ValueError(f"config.init_from={source!r} is a LoRA run: its checkpoints hold adapters, not a "
                        f"policy; use the run (or hf_dir) its base came from")
