@@ -84,6 +84,10 @@ class Bifurcation(Env):
     return Step("paid" if paid else "unpaid", 1.0 if paid else 0.0, True, False,
                 {"invalid_action": a != "done", "success": paid})
 
+  def state_key(self) -> str:
+    """Turn and arm (the noise and the payoff draw are fixed by the seed)."""
+    return "t0" if self.arm is None else f"t{self.turn}:{self.arm}"
+
   def expert_action(self) -> str:
     t = self.turn
     if t == 0:

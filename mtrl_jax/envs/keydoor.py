@@ -83,6 +83,11 @@ class KeyDoor(Env):
     lines = ["".join(cell(r, c) for c in cols) for r in rows]
     return "\n".join(lines + [f"key {int(self.has_key)}"])
 
+  def state_key(self) -> str:
+    """Where the agent stands and whether it holds the key (no turn index: a cell
+    visited twice is the same state, GiGPO's repeated anchor states)."""
+    return f"{self.agent[0]},{self.agent[1]}:{int(self.has_key)}"
+
   def _adjacent(self, a, b) -> bool:
     return abs(a[0] - b[0]) + abs(a[1] - b[1]) == 1
 

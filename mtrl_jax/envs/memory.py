@@ -95,6 +95,11 @@ class Memory(Env):
     info = {"invalid_action": a not in self.codes, "success": correct}
     return Step("right" if correct else "wrong", 1.0 if correct else 0.0, True, False, info)
 
+  def state_key(self) -> str:
+    """Turn and the peek choice: all that decides what comes next (the code and the
+    distractor letters are fixed by the seed, so the same within a task group)."""
+    return "t0" if self.turn == 0 else f"t{self.turn}:{'peek' if self.peeked else 'skip'}"
+
   def expert_action(self) -> str:
     t = self.turn
     if t == 0:

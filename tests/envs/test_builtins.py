@@ -137,7 +137,8 @@ def test_memory_rewards_and_observations():
   out = env.step("?")  # a wrong echo is flagged, costs nothing, the episode goes on
   assert out.info["invalid_action"] and out.reward == 0.0 and out.observation == "answer?"
   out = env.step(code)
-  assert out == envs.Step("right", 1.0, True, False, {"invalid_action": False, "success": True})
+  assert out == envs.Step("right", 1.0, True, False, {"invalid_action": False, "success": True,
+                                                      "state_key": "t3:peek", "turn_reward": 1.0})
 
 
 def test_memory_skip_means_guessing():
