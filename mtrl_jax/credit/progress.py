@@ -35,7 +35,7 @@ def progress(batch: CreditBatch, *, gamma: float = 1.0, grounding_coef: float = 
   if norm not in RTG_NORMS:
     raise ValueError(f"norm must be one of {RTG_NORMS}, got {norm!r}")
   shaped = batch.progress_bt
-  if grounding_coef and batch.turn_reward_bt is not None:
+  if batch.turn_reward_bt is not None:  # (grounding_coef may be traced: no Python test of its value)
     shaped = shaped + grounding_coef * batch.turn_reward_bt
   return return_to_go(batch._replace(reward_bt=shaped), gamma=gamma, norm=norm, eps=eps,
                       scale_by_std=scale_by_std, ddof=ddof, max_turns=max_turns)

@@ -68,8 +68,13 @@ class ProgressTrainer:
     def shares(params, tokens_bt, positions_bt, end_bt):
       return turn_shares(nnx.merge(self.graphdef, params)(tokens_bt, positions_bt), end_bt)
 
+    def loss(params, tokens_bt, positions_bt, end_bt, episode_b, return_b, valid_b):
+      out = nnx.merge(self.graphdef, params)(tokens_bt, positions_bt)
+      return progress_loss(out, end_bt, episode_b, return_b, valid_b)[0]
+
     self._step = jax.jit(step, donate_argnums=(0, 1))
     self._shares = jax.jit(shares)
+    self._loss = jax.jit(loss)
 
   @property
   def ready(self) -> bool:
@@ -93,6 +98,30 @@ class ProgressTrainer:
           arrays["episode_b"], arrays["return_b"], arrays["valid_b"])
     self.last_loss = float(loss)
     return self.last_loss
+
+  def loss(self, arrays: dict) -> float:
+    """The fit loss of the current head on a batch (no update)."""
+    return float(self._loss(self.params, arrays["tokens_bt"], arrays["positions_bt"], arrays["end_bt"],
+                            arrays["episode_b"], arrays["return_b"], arrays["valid_b"]))
+
+  def fit_early_stopping(self, train: dict, held_out: dict, max_steps: int, every: int = 10,
+                         patience: int = 3) -> dict:
+    """Steps on `train` in chunks of `every`, keeping the parameters with the lowest loss
+    on `held_out`; stops after `patience` chunks without improvement. (A head fitted to
+    a fixed set of sessions memorises their returns, luck included, within ~100 steps.)"""
+    best = (self.loss(held_out), 0, jax.tree.map(jnp.copy, self.params))
+    since, done = 0, 0
+    while done < max_steps and since < patience:
+      self.fit(train, min(every, max_steps - done))
+      done += min(every, max_steps - done)
+      val = self.loss(held_out)
+      if val < best[0]:
+        best, since = (val, done, jax.tree.map(jnp.copy, self.params)), 0
+      else:
+        since += 1
+    self.params = best[2]
+    return {"held_out_loss": best[0], "best_step": best[1], "steps_run": done,
+            "train_loss": self.loss(train)}
 
   def shares(self, arrays: dict) -> np.ndarray:
     return np.asarray(self._shares(self.params, arrays["tokens_bt"], arrays["positions_bt"], arrays["end_bt"]))

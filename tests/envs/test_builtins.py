@@ -16,6 +16,8 @@ VARIANTS = [
     # bifurcation pays by chance even for the expert: p_good = 1 makes the expert exact.
     ("bifurcation", {"p_good": 1.0}),
     ("bifurcation", {"length": 12, "p_good": 1.0, "noise": 0.0}),
+    # cashout pays at the end by chance: p_pay = 1 makes the expert (never stop) exact.
+    ("cashout", {"p_pay": 1.0}), ("cashout", {"length": 9, "p_pay": 1.0, "cash": 0.0}),
 ]
 
 
