@@ -13,7 +13,7 @@ from mtrl_jax.credit import compute_advantages, make_credit_batch
 _MASK = np.tile(np.array([0, 1, 0, 1], np.float32), (3, 1))
 _TURN = np.tile(np.array([0, 0, 1, 1], np.int32), (3, 1))
 _REW = np.array([[0, 0, 0, 1], [0, 0, 0, 0], [0, 0, 0, 1]], np.float32)
-_TURN_REWARD = np.array([[0, 1, 0, 1], [0, 0, 0, 1], [0, 1, 0, 0]], np.float32)
+_TURN_REWARD = np.array([[0, 1, 0, 1], [0, 0, 0, 1], [0, 1, 0, 1]], np.float32)
 
 
 def _hand_batch():
@@ -23,36 +23,48 @@ def _hand_batch():
 
 def test_mt_grpo_hand_example():
   """docs/credit.md's example (eps 0): A^O = 0.7071, -1.4142, 0.7071; turn
-  rewards (1, 1), (0, 1), (1, 0) normalise per turn to the same numbers.
-  Break checked: the turn term normalised over all turns of the group
-  (ignoring the turn index) gives turn 0 of the second session -2.1213 + ...
-  and fails; so does reading the turn reward from `reward_bt`."""
+  rewards (1, 1), (0, 1), (1, 1): turn 0 normalises to 0.7071, -1.4142,
+  0.7071, turn 1 (all equal) to 0.
+  Break checked: the turn term normalised over all six turns of the group
+  (ignoring the turn index: mean 5/6) gives turn 0 0.4472 ... and fails; so
+  does reading the turn reward from `reward_bt`."""
   r2 = math.sqrt(2.0)
   h = 1 / r2
   adv, tgt = run("mt_grpo", _hand_batch(), eps=0.0)
-  np.testing.assert_allclose(np.asarray(adv)[:, [1, 3]], [[r2, r2], [-2 * r2, -h], [r2, -h]], rtol=1e-5)
+  np.testing.assert_allclose(np.asarray(adv)[:, [1, 3]], [[r2, h], [-2 * r2, -r2], [r2, h]], rtol=1e-5)
   assert tgt is None
   # The weights: outcome 0.5, turn 2.
   adv, _ = run("mt_grpo", _hand_batch(), eps=0.0, outcome_weight=0.5, turn_weight=2.0)
   np.testing.assert_allclose(np.asarray(adv)[:, [1, 3]],
-                             [[0.5 * h + 2 * h] * 2, [-0.5 * r2 - 2 * r2, -0.5 * r2 + 2 * h],
-                              [0.5 * h + 2 * h, 0.5 * h - 2 * r2]], rtol=1e-5)
+                             [[2.5 * h, 0.5 * h], [-2.5 * r2, -0.5 * r2], [2.5 * h, 0.5 * h]], rtol=1e-5)
 
 
 def test_mt_grpo_turn_credit_hand_example():
-  """The three ways to combine turns, on turn 0 (turn 1 is the last turn, so
-  all three agree there). Turn-0 normalised u: (0.7071, -1.4142, 0.7071);
-  turn 1: (0.7071, 0.7071, -1.4142).
-  normalise_then_sum, turn 0: 1.4142, -0.7071, -0.7071.
-  sum_then_normalise, turn 0: u to go = 2, 1, 1 -> 1.4142, -0.7071, -0.7071.
-  (The same here; they differ when sessions end at different turns: below.)
+  """The three ways to combine turns, without the outcome term. Turn-0
+  normalised u: (0.7071, -1.4142, 0.7071); turn 1: (0, 0, 0) (all 1).
+  own: those. normalise_then_sum, turn 0: 0.7071 + 0, ... (turn 1 adds 0).
+  sum_then_normalise, turn 0: u to go = 2, 1, 2 -> 0.7071, -1.4142, 0.7071.
+  With the second turn's rewards (1, 1, 0) instead: turn 1 normalises to
+  0.7071, 0.7071, -1.4142; normalise_then_sum at turn 0 = 1.4142, -0.7071,
+  -0.7071, and sum_then_normalise (to go 2, 1, 1) the same; 'own' keeps
+  turn 0's 0.7071, -1.4142, 0.7071. (The two sums differ when sessions end
+  at different turns: next test.)
   Break checked: normalise_then_sum summing towards the start (a forward
   cumulative sum) gives turn 1 the sum and fails."""
   h = 1 / math.sqrt(2.0)
-  for credit in ("normalise_then_sum", "sum_then_normalise"):
+  r2 = 2 * h
+  for credit in ("own", "normalise_then_sum", "sum_then_normalise"):
     adv, _ = run("mt_grpo", _hand_batch(), eps=0.0, outcome_weight=0.0, turn_credit=credit)
-    np.testing.assert_allclose(np.asarray(adv)[:, [1, 3]], [[2 * h, h], [-h, h], [-h, -2 * h]],
+    np.testing.assert_allclose(np.asarray(adv)[:, [1, 3]], [[h, 0], [-r2, 0], [h, 0]],
                                rtol=1e-5, atol=1e-6, err_msg=credit)
+  u = _TURN_REWARD.copy()
+  u[2, 3] = 0.0
+  batch = _hand_batch()._replace(turn_reward_bt=np.asarray(u))
+  for credit, turn0 in (("own", [h, -r2, h]), ("normalise_then_sum", [r2, -h, -h]),
+                        ("sum_then_normalise", [r2, -h, -h])):
+    adv, _ = run("mt_grpo", batch, eps=0.0, outcome_weight=0.0, turn_credit=credit)
+    np.testing.assert_allclose(np.asarray(adv)[:, 1], turn0, rtol=1e-5, atol=1e-6, err_msg=credit)
+    np.testing.assert_allclose(np.asarray(adv)[:, 3], [h, h, -r2], rtol=1e-5, atol=1e-6, err_msg=credit)
 
 
 def test_early_exit_separates_the_three_turn_credits():
@@ -207,11 +219,11 @@ def test_mt_grpo_constant_groups_give_exactly_zero(seed, value, credit):
   combined. Break checked: a turn term normalised with plain
   (x - mean) / (std + eps) gives ~1e-1 at 0.95."""
   rng = np.random.default_rng(seed)
-  b, t = 8, 10
+  b, t = 12, 10
   mask = np.zeros((b, t), np.float32)
   turn = np.zeros((b, t), np.int32)
   u = np.zeros((b, t), np.float32)
-  group = np.repeat([0, 1], b // 2)
+  group = np.repeat([0, 1], [7, 5])  # sums of 7 or 5 equal float32 values are rarely exact
   for i in range(b):
     pos = int(rng.integers(0, 2))
     for k in range(3):

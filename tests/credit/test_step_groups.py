@@ -182,10 +182,10 @@ def _static(opts):
 @settings(max_examples=20, deadline=None)
 @given(seed=seeds, opts=STATIC, floats=FLOATS)
 def test_gigpo_matches_numpy(seed, opts, floats):
-  """Break checked: the episode term read once per row instead of once per
-  episode is caught in the per-turn layout (test below); here, a step group
-  keyed on the state alone (not also the task group) fails as soon as two
-  groups share a state id (ids come from {3, 40, 41})."""
+  """Break checked: a step group keyed on the state alone (not also the task
+  group) fails as soon as two groups share a state id (ids come from {3, 40,
+  41}); so does reading a turn's state id at its row's first token instead
+  of the turn's first action token."""
   d = random_sessions(seed, n_groups=2, pad_row=seed % 3 == 0)
   adv, tgt = run_traced("gigpo", to_batch(d), floats, **_static(opts))
   np.testing.assert_allclose(np.asarray(adv), _oracle(d, "gigpo", **opts, **floats), rtol=1e-4, atol=1e-5)
@@ -208,9 +208,10 @@ def test_hgpo_matches_numpy(seed, static, floats, hfloats):
 @given(seed=seeds)
 def test_step_groups_per_turn_layout_equals_session_layout(seed):
   """One row per turn (shuffled, padded) gives every turn the advantage it
-  gets in its session row. Break checked: reading the state id at the
-  row's first token instead of the turn's first action token fails (a turn
-  row starts with earlier turns' tokens)."""
+  gets in its session row. Break checked: the turn table keyed on rows
+  instead of episodes (each turn row its own episode, so a turn's
+  discounted return misses the turns in other rows) fails here and
+  nowhere in the session layout."""
   d = random_sessions(seed, n_groups=2)
   per_turn, origin = split_per_turn(d, seed, pad_rows_to=72)
   for name in ("gigpo", "hgpo"):
@@ -235,12 +236,12 @@ def test_constant_groups_give_exactly_zero(seed, value, scale, gamma):
   checked: the step term normalised with a plain (x - mean) / (std + eps)
   (no per-segment shift, as segment_normalize does) gives ~1e-1 here."""
   rng = np.random.default_rng(seed)
-  b, t, n_turns = 8, 12, 3
+  b, t, n_turns = 12, 12, 3
   mask = np.zeros((b, t), np.float32)
   turn = np.zeros((b, t), np.int32)
   rew = np.zeros((b, t), np.float32)
   state = np.full((b, t), -1, np.int32)
-  group = np.repeat([0, 1], b // 2)
+  group = np.repeat([0, 1], [7, 5])  # sums of 7 or 5 equal float32 values are rarely exact
   for i in range(b):
     pos = int(rng.integers(0, 2))
     for k in range(n_turns):

@@ -47,8 +47,10 @@ def test_equal_keys_mean_equal_futures(name, kwargs):
   visited again is the same anchor state, GiGPO's case), so there the
   futures are compared while every copy is inside its horizon.
   Break checked: memory's key without the peek choice ("t1" after both peek
-  and skip) fails (a peeked and an unpeeked session then answer differently);
-  bifurcation's without the arm fails likewise."""
+  and skip) fails on the hinted memory (its final cue repeats a peeked
+  code; without the hint the env's future does not depend on the peek, only
+  the agent's knowledge does, which the key keeps apart on purpose);
+  bifurcation's without the arm fails (the arm decides the payoff)."""
   env = envs.make(name, **kwargs)
   rng = random.Random(0)
   checked = 0

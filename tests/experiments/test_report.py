@@ -46,7 +46,8 @@ def fill(root, exp, level, noise=0.01):
 @pytest.fixture
 def only(monkeypatch):
   def use(*exps):
-    monkeypatch.setattr(report, "EXPERIMENTS", exps)
+    import dataclasses
+    monkeypatch.setattr(report, "EXPERIMENTS", tuple(dataclasses.replace(e, seeds=SEEDS) for e in exps))
     monkeypatch.setattr(report, "SEEDS", SEEDS)
   return use
 
