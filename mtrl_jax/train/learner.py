@@ -99,6 +99,7 @@ class Learner:
     self._score = jax.jit(make_score_fn(policy_gd, critic_gd), out_shardings=rep)
     self._adv = jax.jit(self.estimator)
     self._mc_targets = jax.jit(monte_carlo_targets)
+    self._step_group_stats = jax.jit(step_group_stats, static_argnames=("max_turns", "depth"))
 
   # ------------------------------------------------------------------ helpers
   @property
@@ -214,7 +215,7 @@ class Learner:
                           turn_idx_bt=jnp.asarray(pb.turn_idx_bt), group_id_b=jnp.asarray(pb.group_id_b),
                           episode_id_b=jnp.asarray(pb.episode_id_b), tree_id_b=jnp.asarray(pb.tree_id_b),
                           return_b=jnp.asarray(pb.return_b), state_id_bt=out.get("state_id_bt"))
-      counts = {k: int(v) for k, v in step_group_stats(probe, kw.get("max_turns")).items()}
+      counts = {k: int(v) for k, v in self._step_group_stats(probe, max_turns=kw.get("max_turns")).items()}
       self.credit_stats.update({"credit/step_turns": counts["turns"],
                                 "credit/step_keyed_turns": counts["keyed"],
                                 "credit/step_grouped_turns": counts["grouped"],
