@@ -7,6 +7,7 @@ step groups, and shares no code with credit/step_groups.py.
 """
 import math
 
+import jax
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -285,7 +286,7 @@ def test_pair_rank_is_dense_and_exact(pairs):
   assert r.tolist() == [uniq.index(p) for p in pairs]
 
 
-_pair_rank = __import__("jax").jit(pair_rank)
+_pair_rank = jax.jit(pair_rank)
 
 
 def test_rejects_bad_hparams():
