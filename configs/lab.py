@@ -22,8 +22,13 @@ def get_config(arg=None):
   c.env.kwargs.hint = a["hint"]  # hint=false: the study's memory probe (recall over the distractors)
   if a["env"] != "memory":
     c.env.name = a["env"]
-    # `length` is bifurcation's too (distractor turns between the choice and the payoff).
-    c.env.kwargs = {"length": a["length"]} if a["env"] == "bifurcation" else {}
+    # `length` is bifurcation's and cashout's too (turns between the choice and the payoff).
+    c.env.kwargs = {"length": a["length"]} if a["env"] in ("bifurcation", "cashout") else {}
+  if a["env"] == "cashout":
+    # The per-turn-normalisation probe: the demos' mistake is to cash out (stop), at each of the
+    # `length` turns with probability 1 - quality; 0.9 leaves about 0.9^8 = 43% of the demos
+    # reaching the payoff at length 8, so the policy stops at every turn index now and then.
+    c.demos.quality = 0.9
   # With hint=True the recall over 8 distractors is not needed, the copying is: the loss
   # sits on a plateau (token accuracy ~0.6, success ~0.1) until ~200 steps, then the copy is
   # learned; 600 steps end at accuracy ~0.96 and sampled success ~0.5 (half the demos skip),
@@ -48,10 +53,13 @@ def get_config(arg=None):
       coupled_critic_rounds=4,   # value-pretraining rounds on lambda = 0.95 targets (0: skip that variant)
       rows_per_call=256,         # continuation rows decoded together
       estimators=(),             # () = all (mtrl_jax/lab/variants.py)
+      progress_tasks=32,         # the progress head learns from these tasks x group sessions (a quarter
+      progress_steps=150,        # held out) in up to this many full-batch steps, kept at its best held-out loss
   ))
   if a["runlocal"]:
     shrink(c)
     c.value_pretrain.update(steps=2, tasks_per_round=2, minibatches=1, epochs=1)
-    c.lab.update(tasks=2, continuations=4, resamples=2, coupled_critic_rounds=1, rows_per_call=32)
+    c.lab.update(tasks=2, continuations=4, resamples=2, coupled_critic_rounds=1, rows_per_call=32,
+                 progress_tasks=2, progress_steps=5)
     c.checkpoint.every = 10**6
   return c

@@ -42,6 +42,11 @@ ARMS = {
     "turn_gae": ("turn_gae", {}, "separate"),
     "bilevel_gae": ("bilevel_gae", {}, "separate"),
     "tree": ("tree", {}, "none"),
+    # E6: the step-level and turn-level estimators (docs/credit.md), all critic-free.
+    "gigpo": ("gigpo", {}, "none"),
+    "hgpo": ("hgpo", {}, "none"),
+    "mt_grpo": ("mt_grpo", {}, "none"),
+    "progress": ("progress", {}, "none"),  # the progress head trains beside the policy (config.progress)
 }
 
 PROBES = {

@@ -29,7 +29,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import stats  # noqa: E402
 from mtrl_jax.metrics import read_metrics  # noqa: E402
 from plot import rl_curves  # noqa: E402
-from study import CONFIG, EXPERIMENTS, PROBES, SEEDS, warm_name  # noqa: E402
+from study import CONFIG, E6_SEEDS, EXPERIMENTS, PROBES, SEEDS, warm_name  # noqa: E402
 
 AUC_DEF = ("AUC = area under rollout success vs `tokens_seen` (trapezoid over the RL steps) divided by "
            "the token span: the token-weighted mean training success, higher = learns sooner per token.")
@@ -112,7 +112,7 @@ def cell_stats(exp, runs: dict, boot: int, crit: dict | None = None) -> dict:
   """label -> the cell's finished runs, missing run names and its estimates over seeds."""
   out = {}
   for cell in exp.cells:
-    names = [f"{cell.name},seed={s}" for s in SEEDS]
+    names = [f"{cell.name},seed={s}" for s in exp.seeds]
     done = [runs[n] for n in names if runs[n] is not None]
     vals = {k: [r[k] for r in done if r.get(k) is not None]
             for k in ("final", "auc", "tokens", "staleness", "wall", "invalid_max")}
@@ -302,7 +302,7 @@ def section(exp, cs: dict, verdict: str, comps: list[dict], fig_rel: str, root: 
       f"**Published claim.** {exp.claim} ({exp.source})", "",
       f"**Setup.** {exp.note + '. ' if exp.note else ''}Each run: `python -m mtrl_jax.main --config={CONFIG}:<cell>,seed=<s> "
       f"--workdir={root}/runs/<cell>,seed=<s> --config.init_from={root}/warm/<warm start>`; {sizes}; "
-      f"seeds {', '.join(map(str, SEEDS))}; {len(done)} runs finished, {len(missing)} missing; "
+      f"seeds {', '.join(map(str, exp.seeds))}; {len(done)} runs finished, {len(missing)} missing; "
       f"{_tok([t for s in cs.values() for t in s['tokens']])} tokens per run; CPU wall time {wall}.", "",
       f"Cells: {cells}.", "",
       cell_table(exp, cs), "",
@@ -433,11 +433,12 @@ def cost(root: str, runs: dict) -> str:
 def header(root: str, n_runs: int, n_missing: int, date: str) -> str:
   return f"""# The credit-assignment study
 
-Five experiments re-test published claims about credit assignment in multi-turn RL of LM agents (which
+The experiments re-test published claims about credit assignment in multi-turn RL of LM agents (which
 advantage estimators still credit an early decisive turn, decoupled PPO under staleness, value pretraining,
-decoupled lambdas, MS-GRPO's per-turn samples) on small probe tasks; E1 runs on two probes (E1: bifurcation,
-E1m: memory without the hint). Each cell is one `{CONFIG}` argument set,
-run over seeds {', '.join(map(str, SEEDS))} from the probe's shared warm start, so cells differ only in what RL does.
+decoupled lambdas, MS-GRPO's per-turn samples, step- and turn-level credit without a critic) on small probe
+tasks; E1 runs on two probes (E1: bifurcation, E1m: memory without the hint), E6 on both. Each cell is one
+`{CONFIG}` argument set, run over seeds {', '.join(map(str, SEEDS))} (E6: {', '.join(map(str, E6_SEEDS))})
+from the probe's shared warm start, so cells differ only in what RL does.
 Final success = the last `eval` stage (64 tasks). {AUC_DEF} Intervals: 95% percentile bootstrap of the mean
 over seeds (fixed RNG; one seed = the value itself). A claim "A beats B" counts as reproduced when A's interval
 lies above B's on final success or on AUC and nowhere below; not reproduced when B's lies above A's on either.
@@ -468,7 +469,7 @@ def report(root: str, out: str, figdir: str, boot: int = stats.BOOT, date: str |
   root = os.path.abspath(root)
   os.makedirs(figdir, exist_ok=True)
   rel = os.path.relpath(figdir, os.path.dirname(os.path.abspath(out)))
-  names = {f"{c.name},seed={s}" for e in EXPERIMENTS for c in e.cells for s in SEEDS}
+  names = {f"{c.name},seed={s}" for e in EXPERIMENTS for c in e.cells for s in e.seeds}
   runs = {n: load_run(os.path.join(root, "runs", n)) for n in sorted(names)}
   crit = critics(root)
   result, sections, headline = {}, [], []

@@ -1,4 +1,4 @@
-"""The credit-assignment study: its five experiments as data, and the command that runs them.
+"""The credit-assignment study: its experiments as data, and the command that runs them.
 
   python experiments/study.py --root /tmp/study --parallel 2 --probes --lab  # everything, resumable
   python experiments/study.py --root /tmp/study --only E2 --dry_run  # the commands of one experiment
@@ -92,6 +92,7 @@ class Experiment:
   comparisons: tuple[tuple[str, str], ...]
   note: str = ""  # what the setup changes from the paper's, in a sentence
   figure: str = "curves"  # curves: success vs tokens per cell | bars: final success per cell
+  seeds: tuple = SEEDS  # the seeds every cell runs
 
   def cell(self, label: str) -> Cell:
     for c in self.cells:
@@ -110,6 +111,8 @@ E1_HORIZONS = (2, 8)
 E1M_ARMS = ("ms_grpo", "return_to_go", "gae_lambda0.95", "gae_lambda1", "gae_decoupled", "gae_length_adaptive",
             "tree")
 ETAS = (0, 1, 2, 4, 8)  # AReaL's ablation
+# The credit-accuracy lab runs on the warm starts E1 trains from at its long horizon (E6 trains there too).
+LAB_PROBES = ("bifurcation", "memory")
 
 
 def _e1() -> Experiment:
@@ -200,7 +203,36 @@ def _e5() -> Experiment:
       note="bifurcation h8; `session` = the same return on every turn in one sample per session")
 
 
-EXPERIMENTS = (_e1(), _e1_memory(), _e2(), _e3(), _e4(), _e5())
+# E6's arms: the newer estimators (docs/credit.md) and three of E1's as the reference.
+E6_NEW = ("gigpo", "hgpo", "mt_grpo", "progress")
+E6_REFERENCE = ("ms_grpo", "rloo", "gae_lambda1")
+E6_SEEDS = tuple(range(8))
+
+
+def _e6() -> Experiment:
+  # E1's recipe (warm starts, 16 updates, lr) on both long-horizon probes; 8 seeds: the new arms'
+  # differences from the references are expected to be small. Cells shared with E1 / E1m reuse
+  # their runs (seeds 0-4) and add seeds 5-7.
+  h = max(E1_HORIZONS)
+  cells = tuple(Cell(f"{arm} {probe}", {"probe": probe, "horizon": h, "arm": arm})
+                for probe in LAB_PROBES for arm in E6_NEW + E6_REFERENCE)
+  comps = tuple((f"{a} {probe}", f"{b} {probe}") for probe in LAB_PROBES
+                for a, b in (("gigpo", "ms_grpo"), ("hgpo", "gigpo"), ("mt_grpo", "ms_grpo"),
+                             ("progress", "ms_grpo")))
+  return Experiment(
+      "E6", "Step-level and turn-level credit without a critic",
+      "Do step groups on anchor states (GiGPO), nested history groups (HGPO), verifiable turn rewards "
+      "(MT-GRPO) or learned progress shares (SPA) find the turn-0 choice better than outcome-only credit?",
+      "GiGPO beats GRPO (ALFWorld, WebShop); HGPO beats GiGPO; MT-GRPO beats GRPO on multi-turn tool "
+      "use; SPA's progress rewards beat outcome-only RL (ALFWorld, WebShop, VirtualHome).",
+      "GiGPO (arXiv 2505.10978), HGPO (arXiv 2602.22817), MT-GRPO (arXiv 2505.11821), SPA-RL (arXiv 2505.20732)",
+      cells, comps, seeds=E6_SEEDS,
+      note=f"bifurcation and memory (no hint) at horizon {h}, E1's recipe; ms_grpo stands for GRPO (they "
+           f"coincide in the session layout); the anchor states are the envs' state keys (turn and arm / "
+           f"peek choice); the turn reward is 1 for a valid action")
+
+
+EXPERIMENTS = (_e1(), _e1_memory(), _e2(), _e3(), _e4(), _e5(), _e6())
 
 
 def experiment(eid: str) -> Experiment:
@@ -210,14 +242,15 @@ def experiment(eid: str) -> Experiment:
   raise KeyError(f"no experiment {eid!r}; have {[e.id for e in EXPERIMENTS]}")
 
 
-def planned_runs(ids=None, seeds=SEEDS) -> dict[str, Cell]:
-  """run folder name -> cell, over the chosen experiments (each shared cell once)."""
+def planned_runs(ids=None, seeds=None) -> dict[str, Cell]:
+  """run folder name -> cell, over the chosen experiments (each shared cell once); each
+  experiment's own seeds unless `seeds` is given."""
   out = {}
   for e in EXPERIMENTS:
     if ids and e.id not in ids:
       continue
     for c in e.cells:
-      for s in seeds:
+      for s in (e.seeds if seeds is None else seeds):
         out[f"{c.name},seed={s}"] = c
   return out
 
@@ -253,8 +286,6 @@ def run_command(python: str, root: str, name: str, cell: Cell, extra: list[str])
   return command(python, f"{CONFIG}:{name}", workdir, [f"--config.init_from={warm}", *extra]), workdir
 
 
-# The credit-accuracy lab runs on the warm starts E1 trains from at its long horizon.
-LAB_PROBES = ("bifurcation", "memory")
 
 
 def lab_job(python: str, root: str, probe: str = "bifurcation",
@@ -297,7 +328,8 @@ def main(argv=None) -> int:
                               formatter_class=argparse.RawDescriptionHelpFormatter)
   p.add_argument("--root", required=True)
   p.add_argument("--only", default="", help="comma-separated experiment ids (default: all)")
-  p.add_argument("--seeds", type=int, default=len(SEEDS), help="seeds 0..N-1 per cell (default 5)")
+  p.add_argument("--seeds", type=int, default=None,
+                 help="seeds 0..N-1 per cell (default: each experiment's own, 5; E6 8)")
   p.add_argument("--probes", action="store_true", help="also build the warm start of every probe task")
   p.add_argument("--lab", action="store_true",
                  help="also run the credit-accuracy lab on E1's long-horizon warm start (ROOT/lab/)")
@@ -312,7 +344,7 @@ def main(argv=None) -> int:
   for eid in ids:
     experiment(eid)
   root = os.path.abspath(a.root)
-  runs = planned_runs(ids, tuple(range(a.seeds)))
+  runs = planned_runs(ids, None if a.seeds is None else tuple(range(a.seeds)))
   warms = sorted({c.warm for c in runs.values()} | ({warm_name(*pr) for pr in PROBES} if a.probes else set()))
   warm_jobs = [(w, *warm_command(a.python, root, w)) for w in warms]
   critics = sorted({cw for n, c in runs.items() if (cw := critic_warm(c, int(n.rsplit("seed=", 1)[1])))})

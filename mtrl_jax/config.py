@@ -66,6 +66,10 @@ def base_config() -> ml_collections.ConfigDict:
       lora=ml_collections.ConfigDict(dict(rank=0, alpha=16.0, targets=("q", "k", "v", "o", "gate", "up", "down"))),
   ))
 
+  # The learned progress head of rl.estimator='progress' (SPA-RL; train/progress.py): AdamW steps
+  # on each RL update's sessions before their advantages are computed.
+  c.progress = ml_collections.ConfigDict(dict(steps=20, lr=1e-3))
+
   c.env = ml_collections.ConfigDict(dict(name="memory", kwargs=ml_collections.ConfigDict()))
 
   c.demos = ml_collections.ConfigDict(dict(
@@ -328,6 +332,8 @@ def validate(c: ml_collections.ConfigDict, num_devices: int | None = None) -> No
   for k in c.rl.estimator_kwargs:
     _check(k in valid_hp, f"rl.estimator_kwargs.{k}",
            f"not a hyper-parameter of {c.rl.estimator!r}; valid: {sorted(valid_hp)}")
+  if c.rl.estimator == "progress":
+    _positive(c, "progress.steps", "progress.lr")
   needs_critic = c.rl.estimator in ("gae", "turn_gae", "bilevel_gae")
   _check(not needs_critic or c.critic.kind != "none", "critic.kind",
          f"estimator {c.rl.estimator!r} needs a critic; set critic.kind to separate or head")

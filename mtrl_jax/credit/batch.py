@@ -43,6 +43,18 @@ class CreditBatch(NamedTuple):
     return_b: f32[B]. The session's return (same value on every row of a
       session; the lowest-index row of each session is read).
     value_bt: optional f32[B, T]. Critic value at each token; None = zeros.
+    state_id_bt: optional int32[B, T]. The anchor state of each token's turn:
+      an id of the environment state the turn's action was taken in (equal
+      ids = the same state; any int values, remapped inside), the same on
+      every token of the turn, read where the loss mask is 1; < 0 = the env
+      gave no key. Only the step-group estimators (gigpo, hgpo) read it.
+    turn_reward_bt: optional f32[B, T]. A verifiable per-turn signal the env
+      reports beside its reward (e.g. 1 for a valid action), on the turn's
+      last action token like `reward_bt`; it is not part of the return.
+      Read by mt_grpo (and progress's grounding term); None = zeros.
+    progress_bt: optional f32[B, T]. A learned progress head's share of the
+      episode's return for each turn, on the turn's last action token. Read
+      by the progress estimator only.
   """
 
   reward_bt: jax.Array
@@ -53,6 +65,9 @@ class CreditBatch(NamedTuple):
   tree_id_b: jax.Array
   return_b: jax.Array
   value_bt: Optional[jax.Array] = None
+  state_id_bt: Optional[jax.Array] = None
+  turn_reward_bt: Optional[jax.Array] = None
+  progress_bt: Optional[jax.Array] = None
 
   @property
   def shape(self):
@@ -66,12 +81,16 @@ def make_credit_batch(reward_bt,
                       episode_id_b=None,
                       tree_id_b=None,
                       return_b=None,
-                      value_bt=None) -> CreditBatch:
+                      value_bt=None,
+                      state_id_bt=None,
+                      turn_reward_bt=None,
+                      progress_bt=None) -> CreditBatch:
   """Builds a `CreditBatch`, filling the optional fields with defaults.
 
   Defaults: turn 0 everywhere, one group for the whole batch, one episode
   and one tree per row, and `return_b` = the sum of action-token rewards of
-  each episode (over all its rows). Safe to call under jit.
+  each episode (over all its rows); the optional per-turn fields (values,
+  state ids, turn rewards, progress shares) stay None. Safe to call under jit.
   """
   reward_bt = jnp.asarray(reward_bt, jnp.float32)
   b, t = reward_bt.shape
@@ -96,6 +115,9 @@ def make_credit_batch(reward_bt,
       tree_id_b=jnp.asarray(tree_id_b, jnp.int32),
       return_b=jnp.asarray(return_b, jnp.float32),
       value_bt=None if value_bt is None else jnp.asarray(value_bt, jnp.float32),
+      state_id_bt=None if state_id_bt is None else jnp.asarray(state_id_bt, jnp.int32),
+      turn_reward_bt=None if turn_reward_bt is None else jnp.asarray(turn_reward_bt, jnp.float32),
+      progress_bt=None if progress_bt is None else jnp.asarray(progress_bt, jnp.float32),
   )
 
 

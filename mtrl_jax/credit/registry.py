@@ -4,8 +4,11 @@ import inspect
 from typing import Callable, Dict
 
 from mtrl_jax.credit import gae as _gae
+from mtrl_jax.credit import mt_grpo as _mt_grpo
 from mtrl_jax.credit import outcome as _outcome
+from mtrl_jax.credit import progress as _progress
 from mtrl_jax.credit import returns as _returns
+from mtrl_jax.credit import step_groups as _step_groups
 from mtrl_jax.credit.batch import CreditBatch
 
 _REGISTRY: Dict[str, Callable] = {}
@@ -55,7 +58,8 @@ def compute_advantages(name: str, batch: CreditBatch, **hparams):
 
   Args:
     name: one of `estimator_names()`: 'grpo', 'ms_grpo', 'rloo',
-      'return_to_go', 'gae', 'turn_gae', 'bilevel_gae', 'tree'.
+      'return_to_go', 'gae', 'turn_gae', 'bilevel_gae', 'tree', 'gigpo',
+      'hgpo', 'mt_grpo', 'progress'.
     batch: a `CreditBatch`. One row per training sample, T tokens each:
       rewards on the last action token of each turn, loss mask 1 on action
       tokens only, turn index per token, and per-row group / episode / tree
@@ -68,7 +72,7 @@ def compute_advantages(name: str, batch: CreditBatch, **hparams):
   Returns:
     (adv_bt f32[B, T], value_target_bt f32[B, T] or None). Both are exactly 0
     wherever the loss mask is 0. The value target is None for the estimators
-    without a critic (grpo, ms_grpo, rloo, return_to_go, tree).
+    without a critic (all but gae, turn_gae, bilevel_gae).
 
   Raises:
     ValueError: unknown name or hyper-parameter (the message lists the valid
@@ -95,3 +99,7 @@ register("return_to_go", _returns.return_to_go)
 register("gae", _gae.gae)
 register("turn_gae", _gae.turn_gae)
 register("bilevel_gae", _gae.bilevel_gae)
+register("gigpo", _step_groups.gigpo)
+register("hgpo", _step_groups.hgpo)
+register("mt_grpo", _mt_grpo.mt_grpo)
+register("progress", _progress.progress)

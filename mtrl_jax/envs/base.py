@@ -6,7 +6,9 @@ action string and returns the next observation, a reward and two end flags.
 Subclasses implement `_reset` / `_step`; the base class keeps the bookkeeping
 every env needs and nobody should re-implement: the seed, the action history
 (for `replay`), the turn counter, the `max_turns` cut, and the `info` keys that
-consumers rely on (`invalid_action` always, `success` at the end).
+consumers rely on (`invalid_action` always, `success` at the end, `turn_reward`
+always: 1.0 for an action the env accepted, 0.0 for an invalid one, unless the
+env sets its own; `state_key` where the env names its states, see `state_key`).
 
 Pure Python and numpy only: envs run in host threads next to jitted code, and
 nothing here may know about models, sampling or training.
@@ -93,6 +95,7 @@ class Env(abc.ABC):
     if self.done:
       raise RuntimeError(f"{self.describe()}: step() after the episode ended; call reset(seed).")
     action = str(action)
+    anchor = self.state_key()  # the state this action is taken in, before it moves anything
     # A natural-style reply is read leniently; the env logic sees the canonical action.
     out = self._step(self.natural_action(action) if self.natural else action)
     self.actions.append(action)
@@ -101,6 +104,9 @@ class Env(abc.ABC):
       out = out._replace(observation=self.natural_observation(str(out.observation), out))
     info = dict(out.info)
     info.setdefault("invalid_action", False)
+    if anchor is not None:
+      info.setdefault("state_key", str(anchor))
+    info.setdefault("turn_reward", 0.0 if info["invalid_action"] else 1.0)
     terminated, truncated = bool(out.terminated), bool(out.truncated)
     if not terminated and self.turn >= self.max_turns:
       truncated = True
@@ -195,6 +201,17 @@ class Env(abc.ABC):
   @abc.abstractmethod
   def random_action(self, rng: random.Random) -> str:
     """A uniform draw over a sensible action set (bad actions included)."""
+
+  def state_key(self) -> str | None:
+    """A key of the environment's current state, or None (the default: no key).
+
+    Two sessions of the same task whose keys are equal stand in the same
+    state: whatever they do next has the same consequences. `step` reports
+    the key of the state each action was taken in as `info["state_key"]`
+    (the anchor state of GiGPO-style step groups); override it where the
+    state is small enough to name.
+    """
+    return None
 
   def suboptimal_action(self, rng: random.Random) -> str:
     """What a flawed expert does when it errs (the demos' quality knob).

@@ -133,6 +133,10 @@ class Bifurcation(Env):
     options = ARMS if t == 0 else (self.tokens[t - 1],) if t <= self.length else ("done",)
     return pick_option(reply, options) or reply.strip()
 
+  def state_key(self) -> str:
+    """Turn and arm (the noise and the payoff draw are fixed by the seed)."""
+    return "t0" if self.arm is None else f"t{self.turn}:{self.arm}"
+
   def expert_action(self) -> str:
     t = self.turn
     if t == 0:

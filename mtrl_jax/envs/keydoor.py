@@ -109,6 +109,11 @@ class KeyDoor(Env):
       return "pick"  # "pick up the key": not a move up
     return pick_option(reply, ACTIONS) or reply.strip()
 
+  def state_key(self) -> str:
+    """Where the agent stands and whether it holds the key (no turn index: a cell
+    visited twice is the same state, GiGPO's repeated anchor states)."""
+    return f"{self.agent[0]},{self.agent[1]}:{int(self.has_key)}"
+
   def _adjacent(self, a, b) -> bool:
     return abs(a[0] - b[0]) + abs(a[1] - b[1]) == 1
 

@@ -155,6 +155,11 @@ class Memory(Env):
                and self.distractor == "echo" else ("ok",) if t <= self.length else self.codes)
     return pick_option(reply, options) or reply.strip()
 
+  def state_key(self) -> str:
+    """Turn and the peek choice: all that decides what comes next (the code and the
+    distractor letters are fixed by the seed, so the same within a task group)."""
+    return "t0" if self.turn == 0 else f"t{self.turn}:{'peek' if self.peeked else 'skip'}"
+
   def expert_action(self) -> str:
     t = self.turn
     if t == 0:

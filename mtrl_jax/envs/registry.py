@@ -27,6 +27,7 @@ _REGISTRY: dict[str, Callable[..., Env]] = {}
 # importing the registry stays cheap and free of cycles).
 _BUILTIN_MODULES = (
     "mtrl_jax.envs.bifurcation",
+    "mtrl_jax.envs.cashout",
     "mtrl_jax.envs.keydoor",
     "mtrl_jax.envs.memory",
     "mtrl_jax.envs.repair",

@@ -201,6 +201,25 @@ class TextArena(Env):
     except Exception:  # a game holding something uncopyable: rebuild from history
       return self.replay()
 
+  def state_key(self) -> str | None:
+    """The game's state for the games whose state is small (the board of the task
+    is fixed by the seed): FrozenLake's square, Sokoban's player and boxes, the
+    Hanoi towers, the guesses so far, each with TextArena's count of invalid
+    moves in a row (one more ends the game); None for the other games."""
+    if self.kind == "FrozenLake":
+      key = str(tuple(self._ta.state.game_state["player_pos"]))
+    elif self.kind == "Sokoban":
+      boxes = sorted(tuple(int(x) for x in p) for p in np.argwhere((self._ta.room_state == 3)
+                                                                   | (self._ta.room_state == 4)))
+      key = f"{tuple(int(x) for x in self._ta.player_position)}:{boxes}"
+    elif self.kind == "TowerOfHanoi":
+      key = str(sorted((k, tuple(v)) for k, v in self._ta.state.game_state["towers"].items()))
+    elif self.kind == "GuessTheNumber":
+      key = str(self._ta.state.game_state["guess_history"])
+    else:
+      return None
+    return f"{key}:e{getattr(self._ta.state, 'error_count', 0)}"
+
   # -- observations ---------------------------------------------------------
 
   def _harvest(self, msgs) -> None:

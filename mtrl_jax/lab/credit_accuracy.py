@@ -11,8 +11,10 @@ deterministic given its state, so the continuations from h_{t+1} are the
 continuations after a_t; V = 0 after the last turn). Standard errors follow
 from the K returns. Then every estimator (mtrl_jax/lab/variants.py) is
 applied to the same N sessions, with the critic fitted the way the trainer
-does (value pretraining), and scored per distance to the final reward
-(mtrl_jax/lab/scores.py). Output: a table, `<workdir>/lab/agreement.png`,
+does (value pretraining) and a progress head fitted on other sessions of
+the same policy, and scored per distance to the final reward
+(mtrl_jax/lab/scores.py); where the env lets the policy stop early
+(`info["early_exit"]`), also on the stop and the carry-on decisions apart. Output: a table, `<workdir>/lab/agreement.png`,
 `<workdir>/lab/result.json`, and the JSON object as the last line.
 
 Nothing in train/ imports this package; credit/ stays pure.
@@ -39,7 +41,9 @@ from mtrl_jax.lab import scores
 from mtrl_jax.lab.continuations import Start, continue_from
 from mtrl_jax.lab.variants import lab_estimators
 from mtrl_jax.metrics import say
+from mtrl_jax.parallel.sharded_step import sharding_context
 from mtrl_jax.rollout.session import Session
+from mtrl_jax.train import progress as progress_head
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Lab config (configs/lab.py[:args]).", lock_config=False)
 _WORKDIR = flags.DEFINE_string("workdir", None, "The run's workdir: its checkpoint is the policy (and critic).")
@@ -79,12 +83,15 @@ def ground_truth(sessions, v_sk: np.ndarray) -> tuple[list, list]:
 
 
 # ------------------------------------------------------------------ estimators
-def _credit_batch(pb, values_bt) -> CreditBatch:
+def _credit_batch(pb, values_bt, progress_bt=None) -> CreditBatch:
   return CreditBatch(reward_bt=jnp.asarray(pb.reward_bt), loss_mask_bt=jnp.asarray(pb.loss_mask_bt),
                      turn_idx_bt=jnp.asarray(pb.turn_idx_bt), group_id_b=jnp.asarray(pb.group_id_b),
                      episode_id_b=jnp.asarray(pb.episode_id_b), tree_id_b=jnp.asarray(pb.tree_id_b),
                      return_b=jnp.asarray(pb.return_b),
-                     value_bt=None if values_bt is None else jnp.asarray(values_bt, jnp.float32))
+                     value_bt=None if values_bt is None else jnp.asarray(values_bt, jnp.float32),
+                     state_id_bt=None if pb.state_id_bt is None else jnp.asarray(pb.state_id_bt),
+                     turn_reward_bt=None if pb.turn_reward_bt is None else jnp.asarray(pb.turn_reward_bt),
+                     progress_bt=None if progress_bt is None else jnp.asarray(progress_bt, jnp.float32))
 
 
 def per_turn(adv_bt, pb, n_sessions: int, num_turns: list[int]) -> list[np.ndarray]:
@@ -119,8 +126,63 @@ def apply_estimators(table, sessions, values: dict, learner) -> dict:
       v_bt = np.zeros((b, t), np.float32)
       for i, v in enumerate(values[critic]):
         v_bt[i, :len(v)] = v
-    adv, _ = credit_registry.compute_advantages(reg, _credit_batch(pb, v_bt), **hp)
+    batch = _credit_batch(pb, None, v_bt) if critic == "progress" else _credit_batch(pb, v_bt)
+    adv, _ = credit_registry.compute_advantages(reg, batch, **hp)
     out[name] = per_turn(adv, pb, len(sessions), [s.num_turns for s in sessions])
+  return out
+
+
+def fit_progress_head(run, fit_sessions, steps: int) -> tuple[progress_head.ProgressTrainer, dict]:
+  """A progress head (train/progress.py) fitted on `fit_sessions` of the policy, from its trunk.
+
+  A quarter of the groups is held out: the head trains on the rest for up to
+  `steps` steps and keeps the parameters with the lowest held-out loss (it
+  memorises the training sessions' returns otherwise).
+  """
+  L = run.learner
+  trainer = progress_head.ProgressTrainer(steps, run.c.progress.lr, seed=run.c.seed)
+  trainer.init_from_policy(L.policy_gd, L.state.policy)
+  groups = sorted({s.group_id for s in fit_sessions})
+  held = set(groups[::4])
+  train = [s for s in fit_sessions if s.group_id not in held]
+  val = [s for s in fit_sessions if s.group_id in held]
+  with sharding_context(L.mesh, L.rules):
+    fit = trainer.fit_early_stopping(L._put(progress_head.arrays(L._pack(train))),
+                                     L._put(progress_head.arrays(L._pack(val))), int(steps))
+  ret = np.array([s.episode_return for s in val])
+  return trainer, {"fit_sessions": len(train), "held_out_sessions": len(val), "max_steps": int(steps),
+                   **{k: v if isinstance(v, int) else round(float(v), 5) for k, v in fit.items()},
+                   "held_out_return_var": round(float(np.var(ret)), 5)}
+
+
+def session_shares(run, trainer, sessions) -> tuple[list[np.ndarray], float]:
+  """Each session's per-turn shares (left-aligned rows, on the turns' last action tokens)
+  and the held-out fit: 1 - mean (sum of shares - R)^2 / Var(R) over `sessions`."""
+  L = run.learner
+  pb = L._pack(sessions)
+  with sharding_context(L.mesh, L.rules):
+    share = trainer.shares(L._put(progress_head.arrays(pb)))
+  out = [share[i, :len(s.flat_tokens())] for i, s in enumerate(sessions)]
+  ret = np.array([s.episode_return for s in sessions])
+  gap = np.array([o.sum() for o in out]) - ret
+  var = float(np.var(ret))
+  return out, (1.0 - float(np.mean(gap ** 2)) / var) if var > 0 else float("nan")
+
+
+def split_scores(est_i, a_star_i, se_i, exit_i) -> dict:
+  """Sign agreement (significant items) and normalised bias on the stop decisions
+  (`exit_i`) and on the others apart, on the whole batch's scales."""
+  sig = scores.significant(a_star_i, se_i)
+  agree = np.sign(est_i) == np.sign(a_star_i)
+  rms_e, rms_a = scores._rms(est_i), scores._rms(a_star_i)
+  out = {}
+  for label, m in (("exit", exit_i), ("carry_on", ~exit_i)):
+    ms = m & sig
+    out[f"agreement_{label}"] = float(agree[ms].mean()) if ms.any() else None
+    out[f"significant_{label}"] = int(ms.sum())
+    out[f"bias_{label}"] = float(np.mean(est_i[m] / rms_e - a_star_i[m] / rms_a)) if m.any() else None
+    out[f"mean_estimate_{label}"] = float(np.mean(est_i[m] / rms_e)) if m.any() else None
+    out[f"mean_a_star_{label}"] = float(np.mean(a_star_i[m] / rms_a)) if m.any() else None
   return out
 
 
@@ -198,7 +260,7 @@ def main(argv):
   table = lab_estimators(tuple(lab.estimators) or None)
   has_critic = c.critic.kind != "none"
   if not has_critic:
-    table = {n: e for n, e in table.items() if e[2] is None}
+    table = {n: e for n, e in table.items() if e[2] in (None, "progress")}
 
   # 1. N sessions of the policy.
   run._sync_sampler()
@@ -208,6 +270,12 @@ def main(argv):
   sessions = [s for s in res.sessions if s.trainable]
   say(f"lab: {len(sessions)} sessions, success {np.mean([s.success for s in sessions]):.3f}, "
       f"{res.ledger.generated_total + res.ledger.prefilled_total} tokens")
+  fit = []
+  if any(e[2] == "progress" for e in table.values()):
+    # The progress head's training sessions: the same policy on the task seeds after the lab's own
+    # (played now, while the sampler holds the policy: the critic fits below update the learner).
+    fit_seeds = [lab.seed_offset + lab.tasks + i for i in range(int(lab.progress_tasks))]
+    fit = [s for s in engine.run(fit_seeds, jax.random.key(c.seed + 432)).sessions if s.trainable]
 
   # 2. Ground truth by continuations from every turn.
   t1 = time.time()
@@ -232,6 +300,19 @@ def main(argv):
       run.learner.state = run.learner.state._replace(critic=saved)
     else:
       table = {n: e for n, e in table.items() if e[2] != "coupled"}
+  progress_info = None
+  if any(e[2] == "progress" for e in table.values()):
+    # The head learns from other sessions of the same policy (task seeds after the lab's own),
+    # then gives its shares of the lab's sessions: held out, as the critic's values are.
+    t2 = time.time()
+    trainer, progress_info = fit_progress_head(run, fit, int(lab.progress_steps))
+    values["progress"], progress_info["held_out_explained_variance"] = session_shares(run, trainer, sessions)
+    progress_info["seconds"] = round(time.time() - t2, 1)
+    say(f"lab: progress head fitted on {progress_info['fit_sessions']} sessions (best of "
+        f"{progress_info['steps_run']} steps at {progress_info['best_step']}: held-out loss "
+        f"{progress_info['held_out_loss']:.4f} vs Var(R) {progress_info['held_out_return_var']:.4f}, train loss "
+        f"{progress_info['train_loss']:.4f}); explained variance of the summed shares on the lab's sessions "
+        f"{progress_info['held_out_explained_variance']:.3f}")
 
   # 4. Every estimator on the same sessions, and on bootstrap resamples.
   adv = apply_estimators(table, sessions, values, run.learner)
@@ -256,6 +337,7 @@ def main(argv):
   a_i, se_i = np.concatenate(a_star), np.concatenate(a_se)
   dist_i = np.concatenate([np.arange(s.num_turns)[::-1] for s in sessions])
   max_d = int(dist_i.max())
+  exit_i = np.concatenate([[bool(t.info.get("early_exit", False)) for t in s.turns] for s in sessions])
   result = {"env": c.env.name, "sessions": len(sessions), "continuations": int(lab.continuations), "estimators": {}}
   counts = None
   for name in table:
@@ -266,6 +348,16 @@ def main(argv):
         "rank_corr": _num(scores.rank_corr(est_i, a_i)),
         "bias": _num(scores.normalised_bias(est_i, a_i)),
         "variance": _num(scores.resample_variance(resampled[name], est_i))}
+    if exit_i.any():
+      result["estimators"][name]["early_exit"] = {
+          k: v if v is None or isinstance(v, int) else _num(v)
+          for k, v in split_scores(est_i, a_i, se_i, exit_i).items()}
+  if progress_info is not None:
+    result["progress_head"] = progress_info
+  if any(e[0] in ("gigpo", "hgpo") for e in table.values()):
+    from mtrl_jax.credit.step_groups import step_group_stats
+    pb = run.learner._pack(sessions)
+    result["step_groups"] = {k: int(v) for k, v in step_group_stats(_credit_batch(pb, None)).items()}
   sig = scores.significant(a_i, se_i)
   result["significant_by_distance"] = counts
   result["a_star_mean_abs_by_distance"] = [round(float(np.abs(a_i[dist_i == d]).mean()), 4) for d in range(max_d + 1)]
@@ -291,11 +383,27 @@ def main(argv):
   head = " | ".join(f"d={d}" for d in range(max_d + 1))
   print(f"\n| estimator | {head} | rank corr | bias | variance |")
   print("|---|" + "---:|" * (max_d + 4))
+  fmt = lambda x, f: "-" if x is None else format(x, f)
   for name, r in result["estimators"].items():
     cells = " | ".join("-" if f is None else f"{f:.2f}" for f in r["agreement_by_distance"])
-    fmt = lambda x, f: "-" if x is None else format(x, f)
     print(f"| {name} | {cells} | {fmt(r['rank_corr'], '.3f')} | {fmt(r['bias'], '+.3f')} | "
           f"{fmt(r['variance'], '.3f')} |")
+  if exit_i.any():
+    n_stop = int((exit_i & sig).sum())
+    print(f"\nEarly exits: {int(exit_i.sum())} stop decisions ({n_stop} significant), "
+          f"{int((~exit_i).sum())} others ({int((~exit_i & sig).sum())} significant)")
+    print("\n| estimator | agreement stop | agreement carry on | bias stop | bias carry on | "
+          "mean est. stop | mean A* stop |")
+    print("|---|---:|---:|---:|---:|---:|---:|")
+    for name, r in result["estimators"].items():
+      e = r["early_exit"]
+      print(f"| {name} | {fmt(e['agreement_exit'], '.2f')} | {fmt(e['agreement_carry_on'], '.2f')} | "
+            f"{fmt(e['bias_exit'], '+.3f')} | {fmt(e['bias_carry_on'], '+.3f')} | "
+            f"{fmt(e['mean_estimate_exit'], '+.3f')} | {fmt(e['mean_a_star_exit'], '+.3f')} |")
+  if "step_groups" in result:
+    g = result["step_groups"]
+    print(f"\nStep groups (gigpo): {g['grouped']} of {g['turns']} turns share their anchor state with another "
+          f"session of their task ({g['keyed']} have a state key)")
   print(json.dumps({k: result[k] for k in ("env", "sessions", "continuations", "estimators")}))
 
 

@@ -2,9 +2,18 @@
 
 Each entry: (registry name, hyper-parameters, critic). critic is None (no
 critic), 'mc' (the critic value pretraining fits on Monte-Carlo targets,
-lambda_critic = 1, as the trainer does) or 'coupled' (the same critic
+lambda_critic = 1, as the trainer does), 'coupled' (the same critic
 fitted further on lambda_critic = 0.95 targets: classic GAE, where the
-critic bootstraps with the policy's lambda).
+critic bootstraps with the policy's lambda) or 'progress' (no critic: the
+per-turn shares of a progress head the lab fits, train/progress.py).
+
+The per-turn-normalisation probe's rows (docs/lab.md, `cashout`):
+`reward_norm_then_sum` normalises each turn's reward over the group's
+sessions that have that turn index and sums the normalised rewards to the
+end (the per-turn MT-GRPO port verl issue #7244 reports biased),
+`reward_norm_then_sum_padded` counts the sessions that already ended as
+reward 0 at the later turn indices, and `return_to_go` (the registry's
+default) is the other order: sum to the end, then normalise per turn index.
 """
 from __future__ import annotations
 
@@ -24,6 +33,14 @@ VARIANTS = {
     "rloo": ("rloo", {}, None),
     "return_to_go": ("return_to_go", {}, None),
     "tree": ("tree", {}, None),
+    "gigpo": ("gigpo", {}, None),
+    "hgpo": ("hgpo", {}, None),
+    "mt_grpo": ("mt_grpo", {}, None),
+    "progress": ("progress", {}, "progress"),
+    "reward_norm_then_sum": ("mt_grpo", {"turn_signal": "reward", "turn_credit": "normalise_then_sum",
+                                         "outcome_weight": 0.0}, None),  # verl #7244's construction
+    "reward_norm_then_sum_padded": ("mt_grpo", {"turn_signal": "reward", "turn_credit": "normalise_then_sum",
+                                                "outcome_weight": 0.0, "pad_finished": True}, None),
 }
 
 

@@ -23,7 +23,9 @@ Layouts:
 
 Ids for the credit library (`group_id_b`, `tree_id_b`, `episode_id_b`) are
 remapped to dense ranks in [0, B); padding rows each get fresh ids of their
-own and all-zero masks.
+own and all-zero masks. The env's anchor state keys (`Turn.info["state_key"]`)
+become `state_id_bt`: one id per distinct key in the batch (the same key,
+the same id; -1 where the env gave none), on every token of the turn.
 """
 from __future__ import annotations
 
@@ -41,7 +43,9 @@ class PackedBatch(NamedTuple):
   """A batch of training samples; B rows (samples) by T token positions.
 
   Per-token fields are described in the module docstring (target-aligned
-  except `tokens_bt` and `positions_bt`). Per-sample fields:
+  except `tokens_bt` and `positions_bt`); `turn_reward_bt` holds each turn's
+  `info["turn_reward"]` where `reward_bt` holds its reward, `state_id_bt` the
+  id of its anchor state key. Per-sample fields:
     group_id_b / tree_id_b / episode_id_b: int32 dense ids in [0, B).
     return_b: f32 the session's return; success_b: f32 0/1.
     num_turns_b: int32 turns in the session.
@@ -68,6 +72,8 @@ class PackedBatch(NamedTuple):
   session_index_b: np.ndarray
   sample_turn_b: np.ndarray
   length_b: np.ndarray
+  state_id_bt: np.ndarray | None = None
+  turn_reward_bt: np.ndarray | None = None
 
   @property
   def shape(self) -> tuple[int, int]:
@@ -84,6 +90,8 @@ class _Sample(NamedTuple):
   version: np.ndarray
   reward: np.ndarray
   turn_idx: np.ndarray
+  state_id: np.ndarray
+  turn_reward: np.ndarray
 
 
 def bucket_length(n: int, length_buckets: Sequence[int] | None = None, min_length: int = 16) -> int:
@@ -99,15 +107,23 @@ def bucket_length(n: int, length_buckets: Sequence[int] | None = None, min_lengt
   return size
 
 
-def _session_sample(i: int, s: Session) -> _Sample:
+def _flat_state_ids(s: Session, key_ids: dict) -> np.ndarray:
+  """int32 [L]: the id of each token's turn's anchor state key (-1: none)."""
+  ids = [-1 if k is None else key_ids.setdefault(k, len(key_ids)) for k in s.state_keys()]
+  parts = [np.full(t.num_tokens, x, np.int32) for t, x in zip(s.turns, ids)]
+  return np.concatenate(parts) if parts else np.zeros((0,), np.int32)
+
+
+def _session_sample(i: int, s: Session, key_ids: dict) -> _Sample:
   return _Sample(i, -1, s.flat_tokens(), s.loss_mask(), s.flat_logp(), s.flat_version(),
-                 s.flat_reward(), s.flat_turn_idx())
+                 s.flat_reward(), s.flat_turn_idx(), _flat_state_ids(s, key_ids), s.flat_turn_reward())
 
 
-def _turn_samples(i: int, s: Session, context: str, tokenizer) -> list[_Sample]:
+def _turn_samples(i: int, s: Session, context: str, tokenizer, key_ids: dict) -> list[_Sample]:
   out = []
   tokens, mask, logp = s.flat_tokens(), s.loss_mask(), s.flat_logp()
   version, reward, turn_idx = s.flat_version(), s.flat_reward(), s.flat_turn_idx()
+  state_id, turn_reward = _flat_state_ids(s, key_ids), s.flat_turn_reward()
   start = 0
   for k, t in enumerate(s.turns):
     end = start + t.num_tokens
@@ -116,20 +132,25 @@ def _turn_samples(i: int, s: Session, context: str, tokenizer) -> list[_Sample]:
       out.append(_Sample(i, k, tokens[:end], np.where(keep, mask[:end], 0.0).astype(np.float32),
                          np.where(keep, logp[:end], 0.0).astype(np.float32),
                          np.where(keep, version[:end], -1).astype(np.int32),
-                         np.where(keep, reward[:end], 0.0).astype(np.float32), turn_idx[:end]))
+                         np.where(keep, reward[:end], 0.0).astype(np.float32), turn_idx[:end],
+                         state_id[:end], np.where(keep, turn_reward[:end], 0.0).astype(np.float32)))
     else:
       obs = t.obs_ids if k == 0 else np.asarray(tokenizer.observation_ids(t.observation, s.prompt), np.int32)
       n_obs, n_act = len(obs), len(t.action_ids)
       act_reward = np.zeros(n_act, np.float32)
+      act_turn_reward = np.zeros(n_act, np.float32)
       if n_act:
         act_reward[-1] = t.reward
+        act_turn_reward[-1] = float(t.info.get("turn_reward", 0.0))
       out.append(_Sample(
           i, k, np.concatenate([obs, t.action_ids]).astype(np.int32),
           np.concatenate([np.zeros(n_obs, np.float32), np.ones(n_act, np.float32)]),
           np.concatenate([np.zeros(n_obs, np.float32), t.logp]).astype(np.float32),
           np.concatenate([np.full(n_obs, -1, np.int32), t.version]).astype(np.int32),
           np.concatenate([np.zeros(n_obs, np.float32), act_reward]),
-          np.full(n_obs + n_act, k, np.int32)))
+          np.full(n_obs + n_act, k, np.int32),
+          np.full(n_obs + n_act, state_id[start] if t.num_tokens else -1, np.int32),
+          np.concatenate([np.zeros(n_obs, np.float32), act_turn_reward])))
     start = end
   return out
 
@@ -170,11 +191,12 @@ def pack_sessions(sessions: Sequence[Session], *, layout: str = "session", conte
                        f"{s.num_action_tokens} action tokens) is not trainable")
 
   samples: list[_Sample] = []
+  key_ids: dict = {}  # anchor state key -> its id in this batch
   for i, s in enumerate(sessions):
     if layout == "session":
-      samples.append(_session_sample(i, s))
+      samples.append(_session_sample(i, s, key_ids))
     else:
-      samples.extend(_turn_samples(i, s, context, tokenizer))
+      samples.extend(_turn_samples(i, s, context, tokenizer, key_ids))
 
   n_real = len(samples)
   b = max(n_real, int(min_batch), 1)
@@ -188,6 +210,8 @@ def pack_sessions(sessions: Sequence[Session], *, layout: str = "session", conte
   version = np.full((b, t), -1, np.int32)
   reward = np.zeros((b, t), np.float32)
   turn_idx = np.zeros((b, t), np.int32)
+  state_id = np.full((b, t), -1, np.int32)
+  turn_reward = np.zeros((b, t), np.float32)
   positions = np.broadcast_to(np.arange(t, dtype=np.int32), (b, t)).copy()
   for r, x in enumerate(samples):
     n = len(x.tokens)
@@ -199,6 +223,8 @@ def pack_sessions(sessions: Sequence[Session], *, layout: str = "session", conte
     version[r, :n - 1] = x.version[1:]
     reward[r, :n - 1] = x.reward[1:]
     turn_idx[r, :n - 1] = x.turn_idx[1:]
+    state_id[r, :n - 1] = x.state_id[1:]
+    turn_reward[r, :n - 1] = x.turn_reward[1:]
     if x.mask[0]:
       raise ValueError(f"sample {r} (session index {x.session_index}) starts with an action token, "
                        "which has no logits to be scored from")
@@ -228,4 +254,5 @@ def pack_sessions(sessions: Sequence[Session], *, layout: str = "session", conte
       session_index_b=per_sample((x.session_index for x in samples), np.int32, -1),
       sample_turn_b=per_sample((x.turn for x in samples), np.int32, -1),
       length_b=per_sample((len(x.tokens) for x in samples), np.int32, 0),
+      state_id_bt=state_id, turn_reward_bt=turn_reward,
   )

@@ -207,6 +207,22 @@ class Session:
     parts = [np.full(t.num_tokens, i, np.int32) for i, t in enumerate(self.turns)]
     return np.concatenate(parts) if parts else np.zeros((0,), np.int32)
 
+  def flat_turn_reward(self) -> np.ndarray:
+    """f32 [L]: each turn's `info["turn_reward"]` (the env's verifiable per-turn
+    signal, not part of the return) on its last action token, 0 elsewhere."""
+    out = np.zeros(sum(t.num_tokens for t in self.turns), np.float32)
+    end = 0
+    for t in self.turns:
+      end += t.num_tokens
+      if len(t.action_ids):
+        out[end - 1] += float(t.info.get("turn_reward", 0.0))
+    return out
+
+  def state_keys(self) -> list:
+    """Each turn's anchor state: the env's `info["state_key"]` (the state the
+    action was taken in), None where the env gave none."""
+    return [t.info.get("state_key") for t in self.turns]
+
   def flat_reward(self) -> np.ndarray:
     """f32 [L]: each turn's reward on its last action token, 0 elsewhere."""
     out = np.zeros(sum(t.num_tokens for t in self.turns), np.float32)

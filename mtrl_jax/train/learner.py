@@ -24,6 +24,7 @@ from mtrl_jax.credit.losses import PolicyLossConfig
 from mtrl_jax.credit.regularizers import kl_reward_penalty
 from mtrl_jax.credit.shaping import informative_groups_np
 from mtrl_jax.models import lora
+from mtrl_jax.credit.step_groups import step_group_stats
 from mtrl_jax.parallel.batch import num_batch_shards, put_global_batch
 from mtrl_jax.parallel.sharded_init import state_shardings
 from mtrl_jax.parallel.sharded_step import (init_opt_state, join_trainable, opt_state_shardings, replicated,
@@ -34,10 +35,12 @@ from mtrl_jax.rollout.session import Session
 from mtrl_jax.train import optim
 from mtrl_jax.envs import registry as env_registry
 from mtrl_jax.train import critic_readout
+from mtrl_jax.train import progress as progress_head
 from mtrl_jax.train.rl_step import (Frozen, LearnerState, RLBatch, StepFlags, make_rl_step, make_score_fn,
                                     make_values_fn)
 
 CRITIC_ESTIMATORS = ("gae", "turn_gae", "bilevel_gae")
+STEP_GROUP_ESTIMATORS = ("gigpo", "hgpo")  # they report how many turns found a step group
 
 
 class NonFiniteError(RuntimeError):
@@ -65,6 +68,11 @@ class Learner:
         entropy_top_rho=None if rl.entropy_mask_rho >= 1.0 else rl.entropy_mask_rho,
         nll_coef=rl.nll_coef, max_turns=max(int(_max_turns(c)), 1))
     self.estimator = credit_registry.make_advantage_fn(rl.estimator, **dict(rl.estimator_kwargs))
+    # The learned progress head of rl.estimator='progress' (train/progress.py): trained on each
+    # update's sessions before their advantages; its per-turn shares go to credit/ as an array.
+    self.progress = (progress_head.ProgressTrainer(c.progress.steps, c.progress.lr, seed=c.seed)
+                     if rl.estimator == "progress" else None)
+    self.credit_stats: dict = {}  # what the last `advantages` call reports (step groups, progress fit)
     steps = max(total_updates * rl.epochs * rl.minibatches, 1)
     self.tx_policy = optim.adamw(rl.lr, steps, warmup_steps=rl.warmup_steps,
                                  weight_decay=rl.weight_decay, clip_grad=rl.clip_grad)
@@ -113,6 +121,7 @@ class Learner:
     self.decision_value = env_registry.decision_value_fn(c.env.name, dict(c.env.kwargs))
     self._adv = jax.jit(self.estimator)
     self._mc_targets = jax.jit(monte_carlo_targets)
+    self._step_group_stats = jax.jit(step_group_stats, static_argnames=("max_turns", "depth"))
 
   # ------------------------------------------------------------------ helpers
   def _opt_shardings(self, tx, params, trainable):
@@ -246,11 +255,48 @@ class Learner:
     if rl.kl_coef and rl.kl_mode == "reward" and self.ref_params is not None:
       reward = kl_reward_penalty(reward, logp_bt, ref_logp_bt, jnp.asarray(pb.loss_mask_bt),
                                  coef=rl.kl_coef, kind=rl.kl_type)
-    batch = credit_batch(pb, values_bt if self.has_values else None)._replace(reward_bt=reward)
+from mtrl_jax.envs import registry as env_registry
+from mtrl_jax.train import critic_readout
+from mtrl_jax.train import progress as progress_head
+from mtrl_jax.train.rl_step import (Frozen, LearnerState, RLBatch, StepFlags, make_rl_step, make_score_fn,
+                                    make_values_fn)
     adv, target = self._adv(batch)
     if target is None:
       target = self._mc_targets(batch)
     return adv, target
+
+  def _turn_fields(self, pb: PackedBatch) -> dict:
+    """The per-turn inputs of the newer estimators: anchor state ids, turn rewards, progress shares.
+
+    Sets `self.credit_stats`: for gigpo / hgpo how many turns found a step
+    group, for progress the head's fit.
+    """
+    rl, out = self.c.rl, {}
+    self.credit_stats = {}
+    if pb.state_id_bt is not None:
+      out["state_id_bt"] = jnp.asarray(pb.state_id_bt)
+    if pb.turn_reward_bt is not None:
+      out["turn_reward_bt"] = jnp.asarray(pb.turn_reward_bt)
+    if self.progress is not None:
+      if not self.progress.ready:
+        self.progress.init_from_policy(self.policy_gd, self.state.policy)
+      with sharding_context(self.mesh, self.rules):
+        arrays = self._put(progress_head.arrays(pb))
+        loss = self.progress.fit(arrays)
+        out["progress_bt"] = jnp.asarray(self.progress.shares(arrays))
+      self.credit_stats["progress/fit_loss"] = loss
+    if rl.estimator in STEP_GROUP_ESTIMATORS:
+      kw = dict(rl.estimator_kwargs)
+      probe = CreditBatch(reward_bt=jnp.asarray(pb.reward_bt), loss_mask_bt=jnp.asarray(pb.loss_mask_bt),
+                          turn_idx_bt=jnp.asarray(pb.turn_idx_bt), group_id_b=jnp.asarray(pb.group_id_b),
+                          episode_id_b=jnp.asarray(pb.episode_id_b), tree_id_b=jnp.asarray(pb.tree_id_b),
+                          return_b=jnp.asarray(pb.return_b), state_id_bt=out.get("state_id_bt"))
+      counts = {k: int(v) for k, v in self._step_group_stats(probe, max_turns=kw.get("max_turns")).items()}
+      self.credit_stats.update({"credit/step_turns": counts["turns"],
+                                "credit/step_keyed_turns": counts["keyed"],
+                                "credit/step_grouped_turns": counts["grouped"],
+                                "credit/step_grouped_fraction": counts["grouped"] / max(counts["turns"], 1)})
+    return out
 
   # ------------------------------------------------------------------ update
   def update(self, sessions: Sequence[Session], step: int, *, train_policy: bool = True,
@@ -287,6 +333,7 @@ class Learner:
     prox, ref, values = self.score(pb, plan)
     stats.update(sampler_mismatch(prox, pb.behav_logp_bt, pb.loss_mask_bt, pb.version_bt, self.version))
     adv, target = self.advantages(pb, values, prox, ref)
+    stats.update(self.credit_stats)
     full = self.rl_batch(pb, plan, prox, ref, adv, target, values)
     rows, row_len = full.tokens_bt.shape
     stats["batch/pad_fraction"] = 1.0 - float(np.sum(pb.length_b)) / (rows * row_len)

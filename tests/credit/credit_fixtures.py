@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 from mtrl_jax.credit import compute_advantages, make_credit_batch
 
 ESTIMATORS = ("grpo", "ms_grpo", "rloo", "tree", "return_to_go", "gae", "turn_gae",
-              "bilevel_gae")
+              "bilevel_gae", "gigpo", "hgpo", "mt_grpo", "progress")
 B, T = 6, 12  # fixed shapes: one compile per estimator across all examples
 
 
@@ -21,6 +21,11 @@ def random_sessions(seed: int, b: int = B, t: int = T, n_groups: int = 2,
   Each row: optional prompt tokens, then turns of (observation tokens,
   action tokens >= 1); the reward sits on the turn's last action token;
   padding after the last turn. Ids are deliberately sparse, not 0..B-1.
+  The per-turn fields of the newer estimators come from a second generator
+  (the first one's stream, and so every older test's data, is unchanged):
+  an anchor state id per turn from {-1 (none), 3, 40, 41} (sparse, often
+  shared), and a turn reward and a progress share on each turn's last
+  action token.
   """
   rng = np.random.default_rng(seed)
   reward = np.zeros((b, t), np.float32)
@@ -49,9 +54,21 @@ def random_sessions(seed: int, b: int = B, t: int = T, n_groups: int = 2,
   group = rng.integers(0, n_groups, size=b) * 7 + 3
   tree = rng.integers(0, 3, size=b) * 5 + 11
   ret = (reward * mask).sum(1)
+  extra = np.random.default_rng([seed, 1])
+  state = np.full((b, t), -1, np.int32)
+  turn_reward = np.zeros((b, t), np.float32)
+  share = np.zeros((b, t), np.float32)
+  for i in range(b):
+    m = mask[i] > 0
+    for k in np.unique(turn[i][m]):
+      toks = np.flatnonzero(turn[i] == k)
+      state[i, toks] = extra.choice([-1, 3, 40, 41])
+      last = np.flatnonzero(m & (turn[i] == k))[-1]
+      turn_reward[i, last] = float(extra.integers(0, 2))
+      share[i, last] = float(extra.normal())
   return dict(reward_bt=reward, loss_mask_bt=mask, turn_idx_bt=turn, group_id_b=group,
               episode_id_b=np.arange(b) * 13 + 2, tree_id_b=tree, return_b=ret,
-              value_bt=value)
+              value_bt=value, state_id_bt=state, turn_reward_bt=turn_reward, progress_bt=share)
 
 
 def split_per_turn(d: dict, seed: int = 0, pad_rows_to=None):

@@ -50,6 +50,9 @@ def test_masked_tokens_get_exactly_zero(seed):
   off = d["loss_mask_bt"] == 0
   d["reward_bt"] = np.where(off, 1e6, d["reward_bt"]).astype(np.float32)
   d["value_bt"] = np.where(off, -1e6, d["value_bt"]).astype(np.float32)
+  d["turn_reward_bt"] = np.where(off, 1e6, d["turn_reward_bt"]).astype(np.float32)
+  d["progress_bt"] = np.where(off, -1e6, d["progress_bt"]).astype(np.float32)
+  d["state_id_bt"] = np.where(off, 12345, d["state_id_bt"]).astype(np.int32)
   batch = to_batch(d)
   for name in ESTIMATORS:
     adv, tgt = jitted(name)(batch)

@@ -16,6 +16,8 @@ VARIANTS = [
     # bifurcation pays by chance even for the expert: p_good = 1 makes the expert exact.
     ("bifurcation", {"p_good": 1.0}),
     ("bifurcation", {"length": 12, "p_good": 1.0, "noise": 0.0}),
+    # cashout pays at the end by chance: p_pay = 1 makes the expert (never stop) exact.
+    ("cashout", {"p_pay": 1.0}), ("cashout", {"length": 9, "p_pay": 1.0, "cash": 0.0}),
 ]
 
 
@@ -137,7 +139,8 @@ def test_memory_rewards_and_observations():
   out = env.step("?")  # a wrong echo is flagged, costs nothing, the episode goes on
   assert out.info["invalid_action"] and out.reward == 0.0 and out.observation == "answer?"
   out = env.step(code)
-  assert out == envs.Step("right", 1.0, True, False, {"invalid_action": False, "success": True})
+  assert out == envs.Step("right", 1.0, True, False, {"invalid_action": False, "success": True,
+                                                      "state_key": "t3:peek", "turn_reward": 1.0})
 
 
 def test_memory_skip_means_guessing():

@@ -59,7 +59,8 @@ def fill(root, exp, level, noise=0.01, critic_ev=0.36):
 @pytest.fixture
 def only(monkeypatch):
   def use(*exps):
-    monkeypatch.setattr(report, "EXPERIMENTS", exps)
+    import dataclasses
+    monkeypatch.setattr(report, "EXPERIMENTS", tuple(dataclasses.replace(e, seeds=SEEDS) for e in exps))
     monkeypatch.setattr(report, "SEEDS", SEEDS)
   return use
 

@@ -17,7 +17,10 @@ def test_every_cell_is_a_valid_config_and_shared_cells_run_once():
   synchronous cell that is not E1's grpo run."""
   plan = study.planned_runs()
   cells = {c.name: c for c in plan.values()}
-  assert len(plan) == len(cells) * len(study.SEEDS) == 185
+  # E1-E5: 185 runs (37 cells x 5 seeds); E6 adds 87: its 8 new-arm cells x 8 seeds, rloo on memory x 8,
+  # and seeds 5-7 of the five reference cells E1 / E1m already run.
+  assert len(plan) == len({(c.name, s) for e in study.EXPERIMENTS for c in e.cells for s in e.seeds}) == 272
+  assert len(study.planned_runs([e.id for e in study.EXPERIMENTS if e.id != "E6"])) == 185
   for name, cell in cells.items():
     c = study_config.get_config(name)
     full = {**study.DEFAULTS, **cell.args}
@@ -39,6 +42,17 @@ def test_every_cell_is_a_valid_config_and_shared_cells_run_once():
     kw = study_config.get_config(cell.name).rl.estimator_kwargs
     lams.add((kw["lambda_policy"], kw["lambda_critic"]))
   assert lams == {(0.95, 0.95), (1.0, 1.0), (0.95, 1.0), (1.0, 0.95)}
+  # E6: the new estimators and the references on both long-horizon probes, 8 seeds, E1's recipe;
+  # its reference cells are E1's / E1m's runs (shared folders), run on for seeds 5-7.
+  e6 = study.experiment("E6")
+  assert e6.seeds == tuple(range(8))
+  got = {(study_config.get_config(c.name).rl.estimator, study_config.get_config(c.name).env.name) for c in e6.cells}
+  assert got == {(est, env) for est in ("gigpo", "hgpo", "mt_grpo", "progress", "ms_grpo", "rloo", "gae")
+                 for env in ("bifurcation", "memory")}
+  assert e6.cell("ms_grpo bifurcation").name == e1.cell("ms_grpo h8").name
+  assert e6.cell("gae_lambda1 memory").name == e1m.cell("gae_lambda1 h8").name
+  assert all(study_config.get_config(c.name).rl.steps == study_config.get_config(e1.cell("grpo h8").name).rl.steps
+             for c in e6.cells)
 
 
 def test_dry_run_passes_the_warm_start_to_every_run(capsys):

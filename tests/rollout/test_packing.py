@@ -128,3 +128,49 @@ def test_min_batch_pads_with_fresh_ids():
   assert batch.sample_valid_b.tolist() == [1, 0, 0, 0]
   assert sorted(batch.episode_id_b.tolist()) == [0, 1, 2, 3]
   assert batch.loss_mask_bt[1:].sum() == 0 and batch.session_index_b[1:].tolist() == [-1, -1, -1]
+
+
+def _with_turn_info(sessions, seed):
+  """Copies of `sessions` whose turns carry a state key (from a small set, or
+  none) and a turn reward in their info, as the envs report them."""
+  import copy
+  rng = np.random.default_rng(seed)
+  out = []
+  for s in sessions:
+    s = copy.deepcopy(s)
+    s.turns = [t._replace(info={**t.info, "turn_reward": float(rng.integers(0, 3)),
+                                **({} if rng.random() < 0.25 else {"state_key": f"s{rng.integers(0, 3)}"})})
+               for t in s.turns]
+    out.append(s)
+  return out
+
+
+@settings(max_examples=30, deadline=None)
+@given(session_lists_st(), st.sampled_from(LAYOUTS), st.integers(0, 2**31 - 1))
+def test_state_keys_and_turn_rewards_travel_to_the_batch(sessions, layout_context, seed):
+  """Every trained turn's tokens carry the id of its state key (one id per
+  distinct key, -1 where there is none) and its turn reward sits on its last
+  action token, in every layout. Break checked: the markov layout reading
+  the state id of the row's first token (turn 0's) instead of the turn's
+  fails; ids per row instead of per batch fail the "same key, same id" check."""
+  layout, context = layout_context
+  sessions = _with_turn_info(sessions, seed)
+  batch = pack_sessions(sessions, layout=layout, context=context, tokenizer=TOK)
+  rows = _expected_rows(sessions, layout, context)
+  seen = {}
+  for r, (i, k, tokens, turns) in enumerate(rows):
+    m = batch.loss_mask_bt[r] == 1
+    ends = np.flatnonzero(m & ~np.append(m[1:], False))
+    assert np.allclose(batch.turn_reward_bt[r][ends], [t.info["turn_reward"] for t in turns])
+    assert np.all(batch.turn_reward_bt[r][~m] == 0)
+    starts = np.flatnonzero(m & ~np.insert(m[:-1], 0, False))
+    for t, a, e in zip(turns, starts, ends):
+      ids = batch.state_id_bt[r][a:e + 1]
+      assert np.all(ids == ids[0])
+      key = t.info.get("state_key")
+      if key is None:
+        assert ids[0] == -1
+      else:
+        assert seen.setdefault(key, int(ids[0])) == ids[0] and ids[0] >= 0
+  assert len(set(seen.values())) == len(seen)  # different keys, different ids
+  assert np.all(batch.state_id_bt[batch.sample_valid_b == 0] == -1)
