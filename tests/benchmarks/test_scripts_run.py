@@ -43,6 +43,11 @@ RUNS = {
                                 "--eval_tasks", "8", "--sft_steps", "5", "--warmup", "0", "--actors", "2",
                                 "--tasks", "2", "--group", "2"], True),
     "experiments/study.py": (["--root", "{w}", "--only", "E1", "--seeds", "1", "--dry_run"], False),
+    "benchmarks/rollout.py": (["--tasks", "2", "--group", "2", "--rows", "2", "--reps", "1", "--dim", "32",
+                               "--layers", "1", "--max_turns", "2", "--budget", "16", "--latency_ms", "1",
+                               "--prompt_chars", "40"], True),
+    "benchmarks/lora_bench.py": (["--parts", "memory,update", "--seq", "256", "--layers", "1",
+                                  "--update-seq", "16", "--update-batch", "1"], True),
 }
 # Run from a copy of the repository: mutmut writes mutants/ into the folder it runs in.
 MUTATION = ["aaw", "--tests", "tests/credit/test_aaw.py", "--max-examples", "1"]
@@ -52,7 +57,9 @@ CHAINED = {"experiments/sweep.py", "experiments/summarize.py", "experiments/plot
            "benchmarks/mutation.py",
            # run the same way (subprocess, fresh workdir, JSON keys checked) in its own test:
            # tests/benchmarks/test_tree_bench.py::test_tree_benchmark_json_line
-           "benchmarks/tree_rollouts.py"}
+           "benchmarks/tree_rollouts.py",
+           # needs the converted real model: `test_pretrained_memory_on_the_real_model` below
+           "benchmarks/pretrained_memory.py"}
 
 
 def user_env() -> dict:
@@ -158,3 +165,11 @@ def test_report_on_a_study_root(tmp_path):
                                              str(tmp_path / "docs" / "STUDY.md"), "--figdir",
                                              str(tmp_path / "docs" / "study"), "--boot", "50"])
   assert out and (tmp_path / "docs" / "STUDY.md").exists()
+
+
+@pytest.mark.slow
+def test_pretrained_memory_on_the_real_model(smollm2_2layer):
+  """benchmarks/pretrained_memory.py as a user runs it, on SmolLM2 cut to 2 blocks."""
+  out = run_script("benchmarks/pretrained_memory.py", ["--hf_dir", smollm2_2layer, "--remat", "dots",
+                                                       "--tokens", "32", "--batch", "1"])
+  assert isinstance(out, dict) and out
