@@ -255,11 +255,8 @@ class Learner:
     if rl.kl_coef and rl.kl_mode == "reward" and self.ref_params is not None:
       reward = kl_reward_penalty(reward, logp_bt, ref_logp_bt, jnp.asarray(pb.loss_mask_bt),
                                  coef=rl.kl_coef, kind=rl.kl_type)
-from mtrl_jax.envs import registry as env_registry
-from mtrl_jax.train import critic_readout
-from mtrl_jax.train import progress as progress_head
-from mtrl_jax.train.rl_step import (Frozen, LearnerState, RLBatch, StepFlags, make_rl_step, make_score_fn,
-                                    make_values_fn)
+    batch = credit_batch(pb, values_bt if self.has_values else None)._replace(reward_bt=reward,
+                                                                              **self._turn_fields(pb))
     adv, target = self._adv(batch)
     if target is None:
       target = self._mc_targets(batch)
