@@ -96,3 +96,14 @@ def test_smol_config_validates_and_names_its_model(hf_dir, tmp_path):
   missing = str(tmp_path / "nowhere")
   with pytest.raises(ValueError, match=r"config\.hf_dir: no config.json .*convert --gguf smollm2"):
     config_lib.validate(parse("--config=configs/smol.py", f"--config.hf_dir={missing}"))
+
+
+@pytest.mark.parametrize("kind,rank", [("lora", 4), ("head", 4)])
+def test_value_pretraining_refuses_lora_critics_it_cannot_fit(kind, rank):
+  """train/value_pretrain.py fits a full critic; with LoRA it would train the wrong parameters."""
+  c = config_lib.base_config()
+  c.critic.kind, c.model.lora.rank = kind, rank
+  c.value_pretrain.enabled = True
+  c.stages = ("demos", "sft", "value_pretrain", "rl")
+  with pytest.raises(ValueError, match="config.value_pretrain.enabled"):
+    config_lib.validate(c)

@@ -115,7 +115,7 @@ class Learner:
     # Replicated outputs: every host reads the whole batch's scores (multi-host included).
     self._score = jax.jit(make_score_fn(policy_gd, critic_gd, policy_trainable=self.policy_trainable,
                                         shared_trunk=self.shared_trunk), out_shardings=rep)
-    self._values = (jax.jit(make_values_fn(policy_gd, critic_gd), out_shardings=rep)
+    self._values = (jax.jit(make_values_fn(policy_gd, critic_gd, shared_trunk=self.shared_trunk), out_shardings=rep)
                     if critic_gd is not None or self.head_critic else None)
     self.decision_fn = env_registry.first_decision_fn(c.env.name)
     self.decision_value = env_registry.decision_value_fn(c.env.name, dict(c.env.kwargs))

@@ -191,11 +191,14 @@ def _mask_head_update(old_p, new_p, opt_p, flags):
   return jax.tree_util.tree_map_with_path(pick, new_p, old_p), opt_p
 
 
-def make_values_fn(policy_gd, critic_gd) -> Callable:
-  """fn(policy, critic, tokens, positions) -> values: the critic alone (no log-probs, no LM head)."""
+def make_values_fn(policy_gd, critic_gd, *, shared_trunk: bool = False) -> Callable:
+  """fn(policy, critic, tokens, positions) -> values: the critic alone (no log-probs, no LM head).
+  With `shared_trunk` (critic.kind='lora') the critic's adapters sit on the policy's frozen trunk."""
 
   def values(p_params, c_params, tokens_bt, positions_bt):
     if critic_gd is not None:
+      if shared_trunk:
+        c_params = with_policy_trunk(c_params, p_params)
       return critic_values(critic_gd, c_params, tokens_bt, positions_bt)
     model = nnx.merge(policy_gd, p_params)
     h, _ = model.policy.hidden(tokens_bt, positions_bt=positions_bt)

@@ -137,6 +137,9 @@ def test_shared_trunk_critic_trains_its_adapters_on_the_policy_trunk():
   want = full_critic_values(lrn, pb.tokens_bt, pb.positions_bt)
   assert np.abs(want).max() > 1e-3  # the head moved off zero
   np.testing.assert_allclose(values, want, rtol=1e-4, atol=1e-6)
+  # The critic alone (the readout's and value pretraining's path): the same values.
+  # Break checked: make_values_fn without the policy's trunk (a KeyError on the trunk's weights).
+  np.testing.assert_allclose(lrn.critic_values(pb), want, rtol=1e-4, atol=1e-6)
 
   policy_before = host(lrn.state.policy)
   critic_before = host(lrn.state.critic)
