@@ -1,7 +1,7 @@
 """Rollout throughput: the lockstep engine vs continuous batching, and the
 prefill one prefill per group saves.
 
-    flock /tmp/mtrl_heavy.lock python benchmarks/rollout.py          # the recorded run (~10 min)
+    flock /tmp/mtrl_heavy.lock python benchmarks/rollout.py          # the recorded run (~3 min on 2 CPU cores)
     python benchmarks/rollout.py --tasks 4 --group 2 --rows 4 --reps 1 --dim 64 --layers 2  # a smoke run
 
 Workload: `--tasks` tasks x `--group` sessions of a chatty env with
