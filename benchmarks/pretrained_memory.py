@@ -106,7 +106,10 @@ def main(argv=None) -> int:
                            str(a.batch), "--child", remat], capture_output=True, text=True, env=env, cwd=ROOT)
     if proc.returncode:
       print(proc.stderr[-3000:], file=sys.stderr)
-      rows.append({"remat": remat, "error": proc.stderr.strip().splitlines()[-1] if proc.stderr else "failed"})
+      # A child killed by a signal leaves no traceback: say which (SIGKILL is usually the OOM killer).
+      why = (f"killed by signal {-proc.returncode}" + (" (out of memory?)" if proc.returncode == -9 else "")
+             if proc.returncode < 0 else f"exit {proc.returncode}")
+      rows.append({"remat": remat, "error": proc.stderr.strip().splitlines()[-1] if proc.stderr.strip() else why})
       continue
     rows.append(json.loads(proc.stdout.strip().splitlines()[-1]))
   print(f"{'remat':8} {'tokens':>6} {'batch':>5} {'built GiB':>9} {'peak GiB':>8} {'update s':>8}")

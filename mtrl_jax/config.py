@@ -309,14 +309,7 @@ def validate(c: ml_collections.ConfigDict, num_devices: int | None = None) -> No
   _check(v.targets in ("mc", "estimator"), "value_pretrain.targets", f"{v.targets!r} not in ('mc', 'estimator')")
   _check(v.patience >= 0, "value_pretrain.patience", f"must be >= 0 (0 = spend the budget), got {v.patience}")
   _check(v.warmup_steps >= 0, "value_pretrain.warmup_steps", f"must be >= 0, got {v.warmup_steps}")
-  if v.enabled and "value_pretrain" in c.stages:
-    # train/value_pretrain.py fits a full separate critic or a value head on a fully trained policy;
-    # it has no LoRA path (adapters on a frozen trunk) yet.
-    _check(c.critic.kind != "lora", "value_pretrain.enabled",
-           "value pretraining of a critic.kind='lora' critic is not implemented; set value_pretrain.enabled=False")
-    _check(not (c.critic.kind == "head" and c.model.lora.rank > 0), "value_pretrain.enabled",
-           "value pretraining of a value head on a LoRA policy is not implemented; use critic.kind='separate' "
-           "or set value_pretrain.enabled=False")
+
   for f in ("rl.tasks_per_update", "value_pretrain.tasks_per_round"):
     n = c.rl.tasks_per_update if f.startswith("rl") else c.value_pretrain.tasks_per_round
     _check(n >= hosts, f, f"{n} groups cannot be shared by {hosts} processes (each plays whole groups); "

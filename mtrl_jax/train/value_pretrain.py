@@ -117,6 +117,18 @@ def make_value_fit_step(policy_gd, critic_gd, tx: optax.GradientTransformation):
   return step
 
 
+def check_supported(c) -> None:
+  """Value pretraining fits a full separate critic, or a value head on a fully
+  trained policy; it has no path for LoRA critics (adapters on a frozen trunk)
+  yet. Raised when the stage starts, naming the field."""
+  if c.critic.kind == "lora":
+    raise ValueError("config.value_pretrain.enabled: value pretraining of a critic.kind='lora' critic is not "
+                     "implemented; set value_pretrain.enabled=False")
+  if c.critic.kind == "head" and c.model.lora.rank > 0:
+    raise ValueError("config.value_pretrain.enabled: value pretraining of a value head on a LoRA policy is not "
+                     "implemented; use critic.kind='separate' or set value_pretrain.enabled=False")
+
+
 class ValuePretrainer:
   """The optimiser, jitted step and data handling of value pretraining for one learner."""
 
@@ -206,6 +218,7 @@ def rounds_for(v) -> int:
 def stage(run) -> dict:
   """Run.stage_value_pretrain: the rounds, their metrics and checkpoints (see the module doc)."""
   c, v = run.c, run.c.value_pretrain
+  check_supported(c)
   L = run.learner
   pre = ValuePretrainer(L, c)
   start = int(run.meta["stage_step"]) if run.meta.get("stage") == "value_pretrain" else 0
