@@ -309,7 +309,6 @@ def validate(c: ml_collections.ConfigDict, num_devices: int | None = None) -> No
   _check(v.targets in ("mc", "estimator"), "value_pretrain.targets", f"{v.targets!r} not in ('mc', 'estimator')")
   _check(v.patience >= 0, "value_pretrain.patience", f"must be >= 0 (0 = spend the budget), got {v.patience}")
   _check(v.warmup_steps >= 0, "value_pretrain.warmup_steps", f"must be >= 0, got {v.warmup_steps}")
-
   for f in ("rl.tasks_per_update", "value_pretrain.tasks_per_round"):
     n = c.rl.tasks_per_update if f.startswith("rl") else c.value_pretrain.tasks_per_round
     _check(n >= hosts, f, f"{n} groups cannot be shared by {hosts} processes (each plays whole groups); "
