@@ -11,30 +11,13 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
-from flax import nnx
 
-from mtrl_jax.models.config import ModelConfig
-from mtrl_jax.models.transformer import Transformer
-from mtrl_jax.models.value import ValueHead, copy_trunk
+from mtrl_jax.models.value import Critic
 
 
-class ProgressModel(nnx.Module):
-  """Trunk + zero-initialised scalar head: one output per token position."""
-
-  def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
-    self.trunk = Transformer(cfg, rngs=rngs, lm_head=False)
-    self.head = ValueHead(cfg.dim, cfg.weight_dtype, rngs=rngs)
-
-  def __call__(self, tokens_bt: jax.Array, positions_bt=None, *, segment_ids_bt=None) -> jax.Array:
-    h, _ = self.trunk.hidden(tokens_bt, positions_bt=positions_bt, segment_ids_bt=segment_ids_bt)
-    return self.head(h)
-
-  @classmethod
-  def from_policy(cls, policy: Transformer, *, rngs: nnx.Rngs) -> "ProgressModel":
-    """A head whose trunk starts as a copy of the policy's (its features already read the task)."""
-    model = cls(policy.cfg, rngs=rngs)
-    copy_trunk(policy, model.trunk)
-    return model
+class ProgressModel(Critic):
+  """Trunk + zero-initialised scalar head, one output per position: the critic's
+  network, trained on a different target (per-turn shares of the return)."""
 
 
 def turn_shares(out_bt: jax.Array, turn_end_bt: jax.Array) -> jax.Array:
