@@ -115,6 +115,16 @@ def session_values(learner, sessions) -> list[np.ndarray]:
   return [values[i, :len(s.flat_tokens())] for i, s in enumerate(sessions)]
 
 
+def critic_quality(learner, sessions) -> dict:
+  """The learner's critic on the lab's sessions (held out: no critic ever fitted on them): explained
+  variance of their Monte-Carlo returns and, on probes with known values, the oracle critic's."""
+  pb = learner._pack(sessions)
+  _, _, values = learner.score(pb)
+  r = learner.critic_readout(sessions, pb, np.asarray(values))
+  return {k: _num(r[k]) for k in ("explained_variance", "oracle_explained_variance", "decision_gap",
+                                  "oracle_decision_gap") if r.get(k) is not None}
+
+
 def apply_estimators(table, sessions, values: dict, learner) -> dict:
   """name -> per-session per-turn advantages on `sessions` (values: critic -> per-session arrays)."""
   pb = learner._pack(sessions)
@@ -290,13 +300,17 @@ def main(argv):
       f"({cont.tokens_generated + cont.tokens_prefilled} tokens)")
 
   # 3. Critics: the value-pretrained one, and (optionally) one refitted on lambda = 0.95 targets.
-  values = {}
+  values, critics = {}, {}
   if has_critic:
     values["mc"] = session_values(run.learner, sessions)
+    critics["mc"] = critic_quality(run.learner, sessions)
+    say(f"lab: critic (value pretraining) on the lab's sessions: {critics['mc']}")
     if lab.coupled_critic_rounds > 0 and any(e[2] == "coupled" for e in table.values()):
       saved = jax.tree.map(jnp.copy, run.learner.state.critic)
       fit_coupled_critic(run, int(lab.coupled_critic_rounds))
       values["coupled"] = session_values(run.learner, sessions)
+      critics["coupled"] = critic_quality(run.learner, sessions)
+      say(f"lab: coupled critic (lambda 0.95 targets) on the lab's sessions: {critics['coupled']}")
       run.learner.state = run.learner.state._replace(critic=saved)
     else:
       table = {n: e for n, e in table.items() if e[2] != "coupled"}
@@ -352,6 +366,11 @@ def main(argv):
       result["estimators"][name]["early_exit"] = {
           k: v if v is None or isinstance(v, int) else _num(v)
           for k, v in split_scores(est_i, a_i, se_i, exit_i).items()}
+  for name, (_, _, critic) in table.items():  # the critic each estimator's advantages read
+    if critic in critics:
+      result["estimators"][name]["critic"] = critic
+  if critics:
+    result["critics"] = critics
   if progress_info is not None:
     result["progress_head"] = progress_info
   if any(e[0] in ("gigpo", "hgpo") for e in table.values()):
@@ -381,13 +400,15 @@ def main(argv):
         f"{datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC; seconds {result['seconds']}; "
         f"tokens {result['tokens']}")
   head = " | ".join(f"d={d}" for d in range(max_d + 1))
-  print(f"\n| estimator | {head} | rank corr | bias | variance |")
-  print("|---|" + "---:|" * (max_d + 4))
+  print(f"\n| estimator | {head} | rank corr | bias | variance | critic EV | oracle EV |")
+  print("|---|" + "---:|" * (max_d + 6))
   fmt = lambda x, f: "-" if x is None else format(x, f)
   for name, r in result["estimators"].items():
     cells = " | ".join("-" if f is None else f"{f:.2f}" for f in r["agreement_by_distance"])
+    cq = critics.get(r.get("critic"), {})
     print(f"| {name} | {cells} | {fmt(r['rank_corr'], '.3f')} | {fmt(r['bias'], '+.3f')} | "
-          f"{fmt(r['variance'], '.3f')} |")
+          f"{fmt(r['variance'], '.3f')} | {fmt(cq.get('explained_variance'), '.3f')} | "
+          f"{fmt(cq.get('oracle_explained_variance'), '.3f')} |")
   if exit_i.any():
     n_stop = int((exit_i & sig).sum())
     print(f"\nEarly exits: {int(exit_i.sum())} stop decisions ({n_stop} significant), "

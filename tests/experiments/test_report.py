@@ -105,7 +105,7 @@ def test_a_critic_below_the_bar_makes_its_claims_not_tested(tmp_path, only):
   assert set(res["experiments"]["E3"]["comparisons"].values()) == {"not tested"}
   sentence = next(x for x in text.splitlines() if x.startswith("**E3: not tested**"))
   assert "critic EV 0.02 = 0.05 x the oracle's 0.40" in sentence
-  assert "| gae_lambda0.95 vp=on | 4 of 4 | 0.02 | 0.40 | 0.05 | 0 of 4 |" in text
+  assert "| gae_lambda0.95 vp=on | 1 of 1 | 0.02 | 0.40 | 0.05 | 0 of 1 |" in text
   assert "| bifurcation | 8 | 0 | 160 | 0.020 | 0.400 | 0.050 | 0.600 | 0.650 | **no** |" in text
 
 
@@ -131,7 +131,10 @@ def test_grid_table_probes_lab_and_json_line(tmp_path, only, capsys):
   other cell n=0 and missing; the probe table names built and unbuilt warm starts; main() ends with the
   JSON line. Catches a pivot that drops a horizon, n=0 cells crashing the report, and a JSON that
   disagrees with the table."""
-  e1 = study.experiment("E1")
+  import dataclasses
+  base = study.experiment("E1")  # E1 runs one horizon now: add a short one, as the grid must handle
+  e1 = dataclasses.replace(base, cells=tuple(study.Cell(f"{arm} h2", {"horizon": 2, "arm": arm})
+                                             for arm in ("gae_lambda1", "gae_lambda0.95")) + base.cells)
   only(e1)
   root = tmp_path / "root"
   for arm, level in (("gae_lambda1", 0.9), ("gae_lambda0.95", 0.2)):
@@ -155,9 +158,9 @@ def test_grid_table_probes_lab_and_json_line(tmp_path, only, capsys):
   assert "| arm | h2 n | h2 final success | h2 AUC | h8 n | h8 final success | h8 AUC |" in text
   row = next(x for x in text.splitlines() if x.startswith("| gae_lambda1 |"))
   assert row.count("| 4 |") == 2
-  assert res["experiments"]["E1"]["cells"]["rloo h8"] == {"n": 0, "final": None, "final_ci": None, "auc": None}
+  assert res["experiments"]["E1"]["cells"]["ms_grpo h8"] == {"n": 0, "final": None, "final_ci": None, "auc": None}
   # an arm the short horizon does not run: its h2 columns say so instead of a crash or a zero
-  assert "| rloo | — | not in the study | — | 0 |" in text
+  assert "| ms_grpo | — | not in the study | — | 0 |" in text
   assert res["experiments"]["E1"]["cells"]["gae_lambda1 h8"]["final"] == pytest.approx(0.915)
   # only one of the four claims has data: gae_lambda1 beats gae_lambda0.95, the rest are n/a
   assert res["experiments"]["E1"]["verdict"] == "inconclusive"

@@ -14,13 +14,13 @@ def test_every_cell_is_a_valid_config_and_shared_cells_run_once():
   """Each cell's name parses back into configs/study.py arguments that build a config with the
   cell's settings; a cell used by two experiments is one run folder. Catches a name that drops a
   varied key (two cells in one folder), an arm or probe configs/study.py rejects, and an E2
-  synchronous cell that is not E1's grpo run."""
+  synchronous cell that is not E5's trajectory grpo run."""
   plan = study.planned_runs()
   cells = {c.name: c for c in plan.values()}
-  # E1-E5: 185 runs (37 cells x 5 seeds); E6 adds 87: its 8 new-arm cells x 8 seeds, rloo on memory x 8,
-  # and seeds 5-7 of the five reference cells E1 / E1m already run.
+  # E1-E5: 192 runs (24 distinct cells x 8 seeds); E6 adds 80: its 8 new-arm cells and rloo on both
+  # probes x 8 seeds (its ms_grpo and gae_lambda1 cells are E1's and E1m's runs).
   assert len(plan) == len({(c.name, s) for e in study.EXPERIMENTS for c in e.cells for s in e.seeds}) == 272
-  assert len(study.planned_runs([e.id for e in study.EXPERIMENTS if e.id != "E6"])) == 185
+  assert len(study.planned_runs([e.id for e in study.EXPERIMENTS if e.id != "E6"])) == 192
   for name, cell in cells.items():
     c = study_config.get_config(name)
     full = {**study.DEFAULTS, **cell.args}
@@ -28,7 +28,7 @@ def test_every_cell_is_a_valid_config_and_shared_cells_run_once():
     assert c.env.name == study_config.PROBES[full["probe"]][0]
     assert c.value_pretrain.enabled == full["vp"] and c.asynchronous.enabled == (full["eta"] > 0)
   e1, e2 = study.experiment("E1"), study.experiment("E2")
-  assert e2.cell("decoupled eta=0").name == e1.cell("grpo h8").name
+  assert e2.cell("decoupled eta=0").name == study.experiment("E5").cell("trajectory grpo").name
   # E1 on memory: E1's arms at the long horizon (those the claim names), on the memory probe without the hint
   e1m = study.experiment("E1m")
   assert [c.args["arm"] for c in e1m.cells] == list(study.E1M_ARMS)
@@ -51,30 +51,29 @@ def test_every_cell_is_a_valid_config_and_shared_cells_run_once():
                  for env in ("bifurcation", "memory")}
   assert e6.cell("ms_grpo bifurcation").name == e1.cell("ms_grpo h8").name
   assert e6.cell("gae_lambda1 memory").name == e1m.cell("gae_lambda1 h8").name
-  assert all(study_config.get_config(c.name).rl.steps == study_config.get_config(e1.cell("grpo h8").name).rl.steps
+  assert all(study_config.get_config(c.name).rl.steps == study_config.get_config(e1.cell("ms_grpo h8").name).rl.steps
              for c in e6.cells)
 
 
 def test_dry_run_passes_the_warm_start_to_every_run(capsys):
-  """E4's cells are critic arms with value pretraining: each run starts from the critic warm
-  start of its own seed, which starts from the probe's policy warm start; E3's vp=off cells
-  start from the policy warm start (no pretrained critic). Catches a run handed another
-  seed's critic, or a vp=off run handed a pretrained one."""
+  """E4's cells are critic arms with value pretraining: every seed's run starts from the probe's
+  one critic warm start (seed 0), which starts from the probe's policy warm start; E3's vp=off
+  cells start from the policy warm start (no pretrained critic). Catches a critic warm start per
+  seed (8x the value pretraining), a vp=on run without the critic, or a vp=off run handed one."""
   assert study.main(["--root", "/tmp/nowhere", "--only", "E4,E3", "--dry_run"]) == 0
   lines = capsys.readouterr().out.strip().splitlines()
   summary = json.loads(lines[-1])
-  assert summary["runs"] == 6 * len(study.SEEDS) and summary["critic_warm_starts"] == len(study.SEEDS)
+  assert summary["runs"] == 6 * len(study.SEEDS) and summary["critic_warm_starts"] == 1
   cmds = [x for x in lines[:-1] if not x.startswith("#")]
   critic = [x for x in cmds if "stage=critic" in x]
   runs = [x for x in cmds if "stage=" not in x]
-  assert len(runs) == 6 * len(study.SEEDS) and len(critic) == len(study.SEEDS)
+  assert len(runs) == 6 * len(study.SEEDS) and len(critic) == 1 and "stage=critic,seed=0 " in critic[0]
   assert all("--config.init_from=/tmp/nowhere/warm/probe=bifurcation,horizon=8 " in x + " " for x in critic)
   for x in runs:
-    seed = x.split("seed=")[1].split()[0]
     if "vp=false" in x:
       assert x.endswith("--config.init_from=/tmp/nowhere/warm/probe=bifurcation,horizon=8"), x
     else:
-      assert x.endswith(f"--config.init_from=/tmp/nowhere/warm/probe=bifurcation,horizon=8,critic,seed={seed}"), x
+      assert x.endswith("--config.init_from=/tmp/nowhere/warm/probe=bifurcation,horizon=8,critic,seed=0"), x
   with pytest.raises(KeyError):
     study.main(["--root", "/tmp/nowhere", "--only", "E9", "--dry_run"])
 
