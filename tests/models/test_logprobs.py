@@ -110,7 +110,8 @@ def test_sft_loss_and_param_grads_match_unchunked(chunk):
 
   def run(c):
     gd, params = nnx.split(_model(c))
-    return jax.value_and_grad(lambda p: lm_loss(nnx.merge(gd, p), batch), has_aux=True)(params)
+    # jit: one compile per program (eager dispatch compiles every op of the model and its grad)
+    return jax.jit(jax.value_and_grad(lambda p: lm_loss(nnx.merge(gd, p), batch), has_aux=True))(params)
 
   (l0, m0), g0 = run(0)
   (l1, m1), g1 = run(chunk)
