@@ -10,19 +10,31 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
-# JAX's persistent compilation cache, for this test process only (not the job
-# subprocesses some tests launch). XLA compiling the same small programs is most
-# of a run's time: a warm cache took a credit+logprobs subset from 197 s to 58 s
-# (2-core CPU, 2026-11-27). Entries are keyed by the compiled program, so a
-# changed function simply misses. Cold run: delete .pytest_cache/jax_compilation
-# or set MTRL_TEST_JAX_CACHE=0 (no cache).
-import jax  # noqa: E402
-
-if os.environ.get("MTRL_TEST_JAX_CACHE", "1") != "0" and not jax.config.jax_compilation_cache_dir:
+# JAX's persistent compilation cache, for the test processes. XLA compiling the
+# same small programs is most of a run's time: a warm cache took a credit+logprobs
+# subset from 197 s to 58 s (2-core CPU, 2026-11-27). Entries are keyed by the
+# compiled program, so a changed function simply misses. Set through the
+# environment (read when jax is imported), not jax.config: importing jax here
+# would make benchmarks/mutation.py's queue tests look like JAX tests (no forked
+# child per mutant). Taken out of the environment again once the tests are
+# collected (pytest_collection_finish), so the job subprocesses some tests launch
+# do not inherit it: a 2-process jax.distributed test timed out with it (warm
+# cache, loaded machine), passing without. Cold run: delete
+# .pytest_cache/jax_compilation, or MTRL_TEST_JAX_CACHE=0 (no cache).
+_CACHE_ENV = {}
+# (xdist workers inherit the controller's environment: the marker says the cache is ours to take out)
+if os.environ.get("MTRL_TEST_JAX_CACHE", "1") != "0" and (
+        "JAX_COMPILATION_CACHE_DIR" not in os.environ or os.environ.get("MTRL_TEST_JAX_CACHE_SET")):
     _root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    jax.config.update("jax_compilation_cache_dir", os.path.join(_root, ".pytest_cache", "jax_compilation"))
-    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
-    jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+    _CACHE_ENV = {"JAX_COMPILATION_CACHE_DIR": os.path.join(_root, ".pytest_cache", "jax_compilation"),
+                  "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0",
+                  "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES": "0", "MTRL_TEST_JAX_CACHE_SET": "1"}
+    os.environ.update(_CACHE_ENV)
+
+
+def pytest_collection_finish(session):
+    for k in _CACHE_ENV:  # the test modules have imported jax (or never will): keep it from subprocesses
+        os.environ.pop(k, None)
 
 # Hypothesis: no per-example deadline and no "too slow" health check. The
 # first example of a property test often pays for a JAX compile, and on a
