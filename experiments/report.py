@@ -174,7 +174,11 @@ def cell_table(exp, cs: dict) -> str:
 
 
 def untested_because(cs: dict, *labels) -> str | None:
-  """Why a comparison cannot test its claim: a pretrained critic below the bar, or None."""
+  """Why a comparison cannot test its claim: a side without runs (a cell cut from this root), a
+  pretrained critic below the bar, or None."""
+  unrun = [lab for lab in labels if not cs[lab]["runs"]]
+  if unrun:
+    return "no runs of " + " and ".join(f"`{lab}`" for lab in unrun) + " in this root"
   weak = [f"`{lab}`'s critic EV {c['ev']:.2f} = {c['ratio']:.2f} x the oracle's {c['oracle']:.2f}"
           for lab in labels if (c := cs[lab]["critic"]) and c["ratio"] is not None and c["ratio"] < CRITIC_BAR]
   missing = [f"`{lab}` has no critic readout" for lab in labels
@@ -513,10 +517,12 @@ def report(root: str, out: str, figdir: str, boot: int = stats.BOOT, date: str |
     tested = [c for c in comps if not c["untested"]]
     won = sum("A>B" in (c["final"], c["auc"]) for c in tested)
     lost = sum("B>A" in (c["final"], c["auc"]) for c in tested)
-    untested = len(comps) - len(tested)
+    unrun = sum(c["untested"].startswith("no runs") for c in comps if c["untested"])
+    weak = len(comps) - len(tested) - unrun
     headline.append(f"- **{exp.id}** {exp.title}: **{verdict}** ({won} of {len(tested)} tested comparisons "
                     f"won on final success or AUC, {lost} reversed"
-                    + (f"; {untested} not tested: critic below the bar" if untested else "") + ")")
+                    + (f"; {weak} not tested: critic below the bar" if weak else "")
+                    + (f"; {unrun} not run: a cell cut from this root" if unrun else "") + ")")
     result[exp.id] = {"verdict": verdict, "comparisons": {f"{c['a']} > {c['b']}": comparison_verdict(c)
                                                           for c in comps}, "cells": {label: {
         "n": len(s["final"]), "final": s["final_est"].mean if s["final_est"] else None,

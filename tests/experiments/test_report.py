@@ -162,8 +162,11 @@ def test_grid_table_probes_lab_and_json_line(tmp_path, only, capsys):
   # an arm the short horizon does not run: its h2 columns say so instead of a crash or a zero
   assert "| ms_grpo | — | not in the study | — | 0 |" in text
   assert res["experiments"]["E1"]["cells"]["gae_lambda1 h8"]["final"] == pytest.approx(0.915)
-  # only one of the four claims has data: gae_lambda1 beats gae_lambda0.95, the rest are n/a
-  assert res["experiments"]["E1"]["verdict"] == "inconclusive"
+  # only one of the four claims has data: gae_lambda1 beats gae_lambda0.95; the three whose cells have no
+  # runs are "not tested" (a cell cut from the root) and count neither way
+  assert res["experiments"]["E1"]["verdict"] == "reproduced"
+  assert res["experiments"]["E1"]["comparisons"]["gae_decoupled h8 > gae_lambda0.95 h8"] == "not tested"
+  assert "1 of 1 tested comparisons won on final success or AUC, 0 reversed; 3 not run" in text
   assert "| bifurcation | 8 | 600 | built | 0.550 | 0.750 |" in text and "| memory | 4 | — | not built | — | — |" in text
   assert "lab plot: pending" in text
 
