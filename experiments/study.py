@@ -336,6 +336,7 @@ def main(argv=None) -> int:
   p.add_argument("--seeds", type=int, default=None,
                  help="seeds 0..N-1 per cell (default: each experiment's own, 5; E6 8)")
   p.add_argument("--probe", default="", help="run only the cells of this probe (e.g. bifurcation)")
+  p.add_argument("--arms", default="", help="comma-separated: run only the cells of these arms (a cut of cells)")
   p.add_argument("--critic", choices=("any", "pretrained", "none"), default="any",
                  help="only the runs that start from a pretrained critic, or only those that do not: two "
                       "disjoint halves two processes can run at once (the second needs no critic warm start)")
@@ -354,6 +355,12 @@ def main(argv=None) -> int:
     experiment(eid)
   root = os.path.abspath(a.root)
   runs = planned_runs(ids, None if a.seeds is None else tuple(range(a.seeds)), a.probe or None)
+  if a.arms:
+    keep = set(a.arms.split(","))
+    arms = {arm for e in EXPERIMENTS for c in e.cells for arm in [{**DEFAULTS, **c.args}["arm"]]}
+    if bad := keep - arms:
+      p.error(f"--arms: no cell has {sorted(bad)}; the cells' arms: {sorted(arms)}")
+    runs = {n: c for n, c in runs.items() if {**DEFAULTS, **c.args}["arm"] in keep}
   if a.critic != "any":
     runs = {n: c for n, c in runs.items()
             if (critic_warm(c, int(n.rsplit("seed=", 1)[1])) is not None) == (a.critic == "pretrained")}

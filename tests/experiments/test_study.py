@@ -90,3 +90,20 @@ def test_lab_jobs_match_the_warm_starts_they_load():
     assert lab.env.name == probe_cfg.env.name
     assert dict(lab.env.kwargs) == dict(probe_cfg.env.kwargs)
     assert f"--config.init_from=/r/warm/probe={probe},horizon={max(study.E1_HORIZONS)}" in cmd
+
+
+def test_probe_arms_and_critic_filters_cut_cells_not_seeds(capsys):
+  """--probe, --arms and --critic keep whole cells (every seed) and nothing else; an arm no cell has
+  is an error naming it. Catches a filter that is ignored (56 runs instead of 16) or drops seeds."""
+  assert study.main(["--root", "/tmp/nowhere", "--only", "E6", "--probe", "memory", "--arms", "gigpo,rloo",
+                     "--dry_run"]) == 0
+  lines = capsys.readouterr().out.strip().splitlines()
+  assert json.loads(lines[-1])["runs"] == 2 * len(study.E6_SEEDS)
+  runs = [x for x in lines[:-1] if not x.startswith("#") and "stage=" not in x]
+  assert len(runs) == 16 and all("probe=memory" in x and ("arm=gigpo" in x or "arm=rloo" in x) for x in runs)
+  assert study.main(["--root", "/tmp/nowhere", "--only", "E3", "--critic", "none", "--dry_run"]) == 0
+  summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+  assert summary["runs"] == 2 * len(study.SEEDS) and summary["critic_warm_starts"] == 0  # the vp=off cells
+  with pytest.raises(SystemExit):
+    study.main(["--root", "/tmp/nowhere", "--arms", "bogus", "--dry_run"])
+  assert "no cell has ['bogus']" in capsys.readouterr().err

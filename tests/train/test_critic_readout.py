@@ -5,7 +5,7 @@ identities the readout relies on (EV = R^2 + bias^2 / Var; the mean scores 0).
 """
 import numpy as np
 import pytest
-from hypothesis import given
+from hypothesis import assume, example, given
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
@@ -46,6 +46,7 @@ def test_fit_scores_by_hand():
        hnp.arrays(np.float64, st.tuples(st.integers(1, 4), st.integers(2, 12)),
                   elements=st.floats(-3, 3, width=32)),
        st.integers(0, 2**31 - 1))
+@example(t=np.array([[0.0, 0.001953125]]), v=np.zeros((1, 2)), seed=0)
 def test_ev_is_r2_plus_the_squared_bias(t, v, seed):
   """EV - R^2 = (mean(t - v))^2 / Var(t) >= 0 on any masked batch; a constant scores EV 0."""
   b, n = min(t.shape[0], v.shape[0]), min(t.shape[1], v.shape[1])
@@ -53,9 +54,13 @@ def test_ev_is_r2_plus_the_squared_bias(t, v, seed):
   m = (np.random.default_rng(seed).random((b, n)) < 0.8).astype(np.float64)
   mm = m > 0
   s = cr.fit_scores(v, t, m)
-  if mm.sum() < 2 or np.var(t[mm]) <= 1e-6:
+  if mm.sum() < 2 or np.var(t[mm]) <= 1e-12:  # fit_scores' "constant targets"
     assert s == {"explained_variance": 0.0, "r2": 0.0}
     return
+  # Between 1e-12 and 1e-6 the ratios are ill-conditioned in float64 (values up to 3 over a variance
+  # near 0): scored, but the identity is not checked there. This test once expected 0 below 1e-6,
+  # where fit_scores gives 0 only below 1e-12: hypothesis found targets [0, 0.002] (the @example).
+  assume(np.var(t[mm]) > 1e-6)
   bias2 = np.mean(t[mm] - v[mm]) ** 2 / np.var(t[mm])
   assert s["explained_variance"] - s["r2"] == pytest.approx(bias2, rel=1e-6, abs=1e-6)
   c = cr.fit_scores(np.full_like(t, 0.37), t, m)
