@@ -193,12 +193,19 @@ def test_lab_png_is_copied_and_linked(tmp_path, only):
   (lab / "result.json").write_text(json.dumps({
       "env": "memory", "sessions": 32, "continuations": 16, "success": 0.5, "significant_by_distance": [30, 0, 9],
       "estimators": {"gae_lambda0.95": {"agreement_by_distance": [0.9, None, 0.1], "rank_corr": 0.3,
-                                        "bias": -0.2, "variance": 0.01}}}))
+                                        "bias": -0.2, "variance": 0.01, "critic": "coupled"},
+                     "rloo": {"agreement_by_distance": [0.8, None, 0.7], "rank_corr": 0.1, "bias": 0.0,
+                              "variance": 0.2}},
+      "critics": {"mc": {"explained_variance": 0.47, "oracle_explained_variance": 0.6},
+                  "coupled": {"explained_variance": 0.59, "oracle_explained_variance": 0.6}}}))
   _, text = run_report(tmp_path)
   assert "](study/lab_memory.png)" in text
   assert (tmp_path / "docs" / "study" / "lab_memory.png").read_bytes() == b"\x89PNG fake"
-  # The lab's table: agreement at the reward's turn and at the farthest distance (not the nearest).
-  assert "| gae_lambda0.95 | 0.90 | 0.10 | 0.30 | -0.20 | 0.01 |" in text
+  # The lab's table: agreement at the reward's turn and at the farthest distance (not the nearest), and
+  # the EV of the critic the row reads beside the oracle's (issue 21: a critic row without its critic's
+  # quality cannot be judged; the wrong critic's EV or a dropped column fails here).
+  assert "| gae_lambda0.95 | 0.90 | 0.10 | 0.30 | -0.20 | 0.01 | 0.59 | 0.60 |" in text
+  assert "| rloo | 0.80 | 0.70 | 0.10 | 0.00 | 0.20 | — | — |" in text
   assert "significant items there: 30 and 9" in text
 
 
