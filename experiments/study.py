@@ -75,9 +75,13 @@ class Cell:
     return cell_name(self.args)
 
   @property
+  def full(self) -> dict:
+    """Every configs/study.py argument of the cell (its own, the rest at DEFAULTS)."""
+    return {**DEFAULTS, **self.args}
+
+  @property
   def warm(self) -> str:
-    full = {**DEFAULTS, **self.args}
-    return warm_name(full["probe"], full["horizon"])
+    return warm_name(self.full["probe"], self.full["horizon"])
 
 
 @dataclasses.dataclass(frozen=True)
@@ -249,7 +253,7 @@ def planned_runs(ids=None, seeds=None, probe=None) -> dict[str, Cell]:
     if ids and e.id not in ids:
       continue
     for c in e.cells:
-      if probe and {**DEFAULTS, **c.args}["probe"] != probe:
+      if probe and c.full["probe"] != probe:
         continue
       for s in (e.seeds if seeds is None else seeds):
         out[f"{c.name},seed={s}"] = c
@@ -270,7 +274,7 @@ CRITIC_SEED = 0
 def critic_warm(cell: Cell, seed: int) -> str | None:
   """The critic warm start a run starts from (critic arms with value pretraining on), or None.
   `seed` is the run's; all seeds share the probe's critic (CRITIC_SEED)."""
-  full = {**DEFAULTS, **cell.args}
+  full = cell.full
   if full["arm"] not in CRITIC_ARMS or not full["vp"]:
     return None
   return f"{cell.warm},critic,seed={CRITIC_SEED}"
@@ -357,10 +361,10 @@ def main(argv=None) -> int:
   runs = planned_runs(ids, None if a.seeds is None else tuple(range(a.seeds)), a.probe or None)
   if a.arms:
     keep = set(a.arms.split(","))
-    arms = {arm for e in EXPERIMENTS for c in e.cells for arm in [{**DEFAULTS, **c.args}["arm"]]}
+    arms = {c.full["arm"] for e in EXPERIMENTS for c in e.cells}
     if bad := keep - arms:
       p.error(f"--arms: no cell has {sorted(bad)}; the cells' arms: {sorted(arms)}")
-    runs = {n: c for n, c in runs.items() if {**DEFAULTS, **c.args}["arm"] in keep}
+    runs = {n: c for n, c in runs.items() if c.full["arm"] in keep}
   if a.critic != "any":
     runs = {n: c for n, c in runs.items()
             if (critic_warm(c, int(n.rsplit("seed=", 1)[1])) is not None) == (a.critic == "pretrained")}
