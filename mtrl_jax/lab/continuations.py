@@ -6,6 +6,12 @@ environment's state there. Forking h_t k times (cache rows copied with
 `Sampler.fork`, env cloned) and playing each fork to the end with the
 policy gives k independent returns whose mean is an unbiased estimate of
 V(h_t), with standard error std / sqrt(k).
+
+Each continuation's next prefill is built the way the rollout engine builds
+it (`models.tokenizer.continuation_ids`): a chat template renders every turn
+after the whole conversation so far, so a start carries the session's prompt
+and finished turns, and every fork extends its own copy with the actions it
+samples. The byte layout needs none of that history (it gives the same ids).
 """
 from __future__ import annotations
 
@@ -15,6 +21,8 @@ from typing import NamedTuple, Sequence
 import jax
 import numpy as np
 
+from mtrl_jax.models.chat import HistoryTurn
+from mtrl_jax.models.tokenizer import continuation_ids
 from mtrl_jax.rollout.tree import clone_env
 
 
@@ -23,6 +31,13 @@ class Start(NamedTuple):
   env: object         # the env in the state the history left it (not stepped here)
   prefix_ids: list    # every token the policy saw and produced, through turn t's observation
   turns_done: int     # t: turns played before this history's next action
+  # What a chat template needs to render the turns after this one: the session's task prompt,
+  # its finished turns (HistoryTurn: observation, obs ids, action ids as sampled) and turn t's
+  # observation with its prefill ids (the tail of prefix_ids).
+  prompt: str | None = None
+  history: tuple = ()
+  observation: str = ""
+  obs_ids: tuple = ()
 
 
 class ContinuationStats(NamedTuple):
@@ -41,11 +56,11 @@ def continue_from(sampler, tokenizer, starts: Sequence[Start], k: int, *, turn_b
   ends when its env ends, at `max_turns` total turns, or when the next turn
   would not fit in `context_cap` (its return so far is kept).
   """
-  if hasattr(tokenizer, "continuation_ids"):
-    # Each turn's prefill here is the byte layout's, which needs no history; a chat
-    # template renders every turn after the whole conversation (models/chat.py).
-    raise NotImplementedError("the lab's continuations support the byte tokenizer only (config.hf_dir "
-                              "unset); a chat template needs each session's history, not carried in Start")
+  if hasattr(tokenizer, "continuation_ids") and any(s.turns_done != len(s.history) or not s.obs_ids
+                                                     for s in starts):
+    raise ValueError("a chat-template tokenizer renders each turn after the session's whole history: every "
+                     "Start needs `history` (its turns_done finished turns) and turn t's `observation`/`obs_ids` "
+                     "(lab.credit_accuracy.histories builds them)")
   per_chunk = max(rows_per_call // k, 1)
   out = np.zeros((len(starts), k), np.float32)
   gen = pre = 0
@@ -64,6 +79,9 @@ def continue_from(sampler, tokenizer, starts: Sequence[Start], k: int, *, turn_b
       turns = np.array([chunk[r // k].turns_done for r in range(n)])
       ret = np.zeros(n, np.float64)
       live = {r: [] for r in range(n)}  # row -> ids to append before its next action
+      # Per row: its finished turns, and the observation (text, ids) its next action answers.
+      hist = [list(chunk[r // k].history) for r in range(n)]
+      pending = [(chunk[r // k].observation, tuple(chunk[r // k].obs_ids)) for r in range(n)]
       step_i = 0
       while live:
         lengths = sampler.lengths(state)
@@ -87,6 +105,7 @@ def continue_from(sampler, tokenizer, starts: Sequence[Start], k: int, *, turn_b
             gen += len(ids)
           stopped = bool(ids) and ids[-1] in stop_ids
           texts[r] = tokenizer.decode(ids[:-1] if stopped else ids)
+          hist[r].append(HistoryTurn(pending[r][0], pending[r][1], tuple(ids)))
         steps = list(pool.map(lambda r: envs[r].step(texts[r]), rows))
         nxt = {}
         for r, st in zip(rows, steps):
@@ -94,7 +113,8 @@ def continue_from(sampler, tokenizer, starts: Sequence[Start], k: int, *, turn_b
           turns[r] += 1
           over = max_turns is not None and turns[r] >= max_turns
           if not (st.terminated or st.truncated or over):
-            nxt[r] = list(tokenizer.observation_ids(st.observation))
+            nxt[r] = continuation_ids(tokenizer, chunk[r // k].prompt, hist[r], st.observation)
+            pending[r] = (st.observation, tuple(nxt[r]))
         live = nxt
       out[c0:c0 + real] = ret.reshape(per_chunk, k)[:real]
   return ContinuationStats(out, gen, pre)

@@ -41,6 +41,7 @@ from mtrl_jax.lab import scores
 from mtrl_jax.lab.continuations import Start, continue_from
 from mtrl_jax.lab.variants import lab_estimators
 from mtrl_jax.metrics import say
+from mtrl_jax.models.chat import HistoryTurn
 from mtrl_jax.parallel.sharded_step import sharding_context
 from mtrl_jax.rollout.session import Session
 from mtrl_jax.train import progress as progress_head
@@ -57,10 +58,14 @@ def histories(sessions: list[Session], env_factory) -> list[Start]:
     env = env_factory()
     env.reset(s.seed)
     prefix: list[int] = []
+    done: list[HistoryTurn] = []
     for t, turn in enumerate(s.turns):
-      prefix = prefix + [int(x) for x in turn.obs_ids]
-      starts.append(Start(env.clone(), list(prefix), t))
-      prefix = prefix + [int(x) for x in turn.action_ids]
+      obs_ids = tuple(int(x) for x in turn.obs_ids)
+      prefix = prefix + list(obs_ids)
+      starts.append(Start(env.clone(), list(prefix), t, s.prompt, tuple(done), turn.observation, obs_ids))
+      act_ids = tuple(int(x) for x in turn.action_ids)
+      prefix = prefix + list(act_ids)
+      done.append(HistoryTurn(turn.observation, obs_ids, act_ids))
       env.step(turn.action)
   return starts
 
