@@ -15,6 +15,21 @@ from mtrl_jax.config_args import parse_args
 import ml_collections
 
 
+def lab_block(tasks: int, k: int) -> ml_collections.ConfigDict:
+  """The lab's own settings (`config.lab`), shared by configs/lab_smol.py."""
+  return ml_collections.ConfigDict(dict(
+      tasks=tasks,               # N = tasks x group sessions (same task seed within a group)
+      continuations=k,           # K Monte-Carlo continuations per history
+      resamples=8,               # bootstrap resamples of the batch (the variance column)
+      seed_offset=2_000_000,     # task seeds, disjoint from training and eval seeds
+      coupled_critic_rounds=4,   # value-pretraining rounds on lambda = 0.95 targets (0: skip that variant)
+      rows_per_call=256,         # continuation rows decoded together
+      estimators=(),             # () = all (mtrl_jax/lab/variants.py)
+      progress_tasks=32,         # the progress head learns from these tasks x group sessions (a quarter
+      progress_steps=150,        # held out) in up to this many full-batch steps, kept at its best held-out loss
+  ))
+
+
 def get_config(arg=None):
   a = parse_args(arg, {"length": 8, "tasks": 8, "group": 4, "k": 16, "env": "memory", "hint": True,
                        "runlocal": False})
@@ -45,17 +60,7 @@ def get_config(arg=None):
   c.rl.minibatches = 1
   c.checkpoint.every = 10**6  # save only at stage ends
   c.log.tensorboard = False
-  c.lab = ml_collections.ConfigDict(dict(
-      tasks=a["tasks"],          # N = tasks x group sessions (same task seed within a group)
-      continuations=a["k"],      # K Monte-Carlo continuations per history
-      resamples=8,               # bootstrap resamples of the batch (the variance column)
-      seed_offset=2_000_000,     # task seeds, disjoint from training and eval seeds
-      coupled_critic_rounds=4,   # value-pretraining rounds on lambda = 0.95 targets (0: skip that variant)
-      rows_per_call=256,         # continuation rows decoded together
-      estimators=(),             # () = all (mtrl_jax/lab/variants.py)
-      progress_tasks=32,         # the progress head learns from these tasks x group sessions (a quarter
-      progress_steps=150,        # held out) in up to this many full-batch steps, kept at its best held-out loss
-  ))
+  c.lab = lab_block(a["tasks"], a["k"])
   if a["runlocal"]:
     shrink(c)
     c.value_pretrain.update(steps=2, tasks_per_round=2, minibatches=1, epochs=1)
