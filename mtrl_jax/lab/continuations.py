@@ -16,7 +16,7 @@ samples. The byte layout needs none of that history (it gives the same ids).
 from __future__ import annotations
 
 import concurrent.futures
-from typing import NamedTuple, Sequence
+from typing import Callable, NamedTuple, Sequence
 
 import jax
 import numpy as np
@@ -48,13 +48,15 @@ class ContinuationStats(NamedTuple):
 
 def continue_from(sampler, tokenizer, starts: Sequence[Start], k: int, *, turn_budget: int,
                   context_cap: int, sampling, rng: jax.Array, max_turns: int | None = None,
-                  rows_per_call: int = 256, num_env_threads: int = 4) -> ContinuationStats:
+                  rows_per_call: int = 256, num_env_threads: int = 4,
+                  progress: Callable[[int], None] | None = None) -> ContinuationStats:
   """Plays k continuations of every start to the end; returns their returns.
 
   Starts are processed in chunks of rows_per_call // k (the last chunk is
   padded with copies so every call has the same shapes). A continuation
   ends when its env ends, at `max_turns` total turns, or when the next turn
-  would not fit in `context_cap` (its return so far is kept).
+  would not fit in `context_cap` (its return so far is kept). `progress`, if
+  given, is called with the number of starts done after every chunk.
   """
   if hasattr(tokenizer, "continuation_ids") and any(s.turns_done != len(s.history) or not s.obs_ids
                                                      for s in starts):
@@ -117,4 +119,6 @@ def continue_from(sampler, tokenizer, starts: Sequence[Start], k: int, *, turn_b
             pending[r] = (st.observation, tuple(nxt[r]))
         live = nxt
       out[c0:c0 + real] = ret.reshape(per_chunk, k)[:real]
+      if progress is not None:
+        progress(c0 + real)
   return ContinuationStats(out, gen, pre)

@@ -40,7 +40,7 @@ from mtrl_jax.envs import registry as env_registry
 from mtrl_jax.lab import scores
 from mtrl_jax.lab.continuations import Start, continue_from
 from mtrl_jax.lab.variants import lab_estimators
-from mtrl_jax.metrics import say
+from mtrl_jax.metrics import Progress, say
 from mtrl_jax.models.chat import HistoryTurn
 from mtrl_jax.parallel.sharded_step import sharding_context
 from mtrl_jax.rollout.session import Session
@@ -298,7 +298,8 @@ def main(argv):
   starts = histories(sessions, env_factory)
   cont = continue_from(run.sampler, run.tok, starts, int(lab.continuations), turn_budget=c.rollout.turn_budget,
                        context_cap=c.rollout.context_cap, sampling=run._train_sampling(),
-                       rng=jax.random.key(c.seed + 654), rows_per_call=int(lab.rows_per_call))
+                       rng=jax.random.key(c.seed + 654), rows_per_call=int(lab.rows_per_call),
+                       progress=Progress("ground truth", len(starts)).update)
   a_star, a_se = ground_truth(sessions, cont.returns_sk)
   gt_s = time.time() - t1
   say(f"lab: ground truth from {len(starts)} histories x {lab.continuations} continuations in {gt_s:.0f}s "

@@ -57,8 +57,10 @@ def _replay_check(tok, cfg, horizon=3):
   sessions = engine.run(list(range(6)), jax.random.key(0)).sessions
   starts = histories(sessions, factory)
   assert len(starts) == sum(s.num_turns for s in sessions)
+  done = []
   cont = continue_from(sampler, tok, starts, 3, turn_budget=6, context_cap=256, sampling=greedy,
-                       rng=jax.random.key(1), rows_per_call=12)
+                       rng=jax.random.key(1), rows_per_call=12, progress=done.append)
+  assert done == sorted(done) and done[-1] == len(starts) and len(done) > 1  # progress per chunk
   expected = np.concatenate([np.cumsum([t.reward for t in s.turns][::-1])[::-1] for s in sessions])
   np.testing.assert_allclose(cont.returns_sk, np.repeat(expected[:, None], 3, axis=1), atol=1e-6)
   assert len({float(x) for x in expected}) > 2
