@@ -11,7 +11,7 @@ segment ids for a norm; eps / ddof / scale_by_std not passed through.
 """
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import assume, example, given, settings
 from hypothesis import strategies as st
 
 from credit_fixtures import random_sessions, run, run_traced, seeds, split_per_turn, to_batch
@@ -22,6 +22,12 @@ def _norm(x, seg, valid, eps, scale, ddof):
   out = np.zeros(len(x))
   for s in np.unique(seg[valid]):
     idx = np.flatnonzero(valid & (seg == s))
+    # A segment whose values differ by less than float32 can hold is constant to the float32
+    # estimators (advantage exactly 0) but not to this float64 reference, which would scale
+    # the rounding-level spread up to +-0.7 (seen: gamma 8e-14 made two returns -1 and
+    # -1 - 8e-14). Such examples test rounding, not the estimator: draw another.
+    spread = np.ptp(x[idx]) if idx.size else 0.0
+    assume(not 0.0 < spread <= 1e-5 * max(float(np.abs(x[idx]).max()), 1e-30))
     dev = x[idx] - x[idx].mean()
     if scale:
       sd = np.sqrt((dev ** 2).sum() / max(idx.size - ddof, 1)) + eps
@@ -102,6 +108,7 @@ def _rtg_ref(d, gamma, norm, k, eps=1e-6, scale=True, ddof=0):
 
 
 @settings(max_examples=25, deadline=None)
+@example(seed=600, gamma=8.284583278726429e-14, norm="group", opts={"eps": 0.0, "ddof": 1})  # rejected: rounding
 @given(seed=seeds, gamma=st.floats(0.0, 1.0, width=32),
        norm=st.sampled_from(["group_turn", "group", "global", "none"]), opts=OPTIONS)
 def test_return_to_go_matches_numpy(seed, gamma, norm, opts):
