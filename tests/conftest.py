@@ -87,3 +87,19 @@ def smollm2_2layer(tmp_path_factory) -> str:
 def smollm2_full(tmp_path_factory) -> str:
   """All 30 blocks (538 MB of float32 safetensors): slow tests only."""
   return _convert_smollm2(str(tmp_path_factory.mktemp("smollm2_full")), None)
+
+
+# ---- a tiny byte-level BPE tokenizer folder (ChatML specials, no chat template: HFTokenizer's default) ----
+@pytest.fixture(scope="session")
+def tokenizer_dir(tmp_path_factory):
+    tokenizers = pytest.importorskip("tokenizers")
+    from tokenizers import decoders, models, pre_tokenizers, trainers
+    tok = tokenizers.Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=300, special_tokens=["<|endoftext|>", "<|im_start|>", "<|im_end|>"],
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tok.train_from_iterator(["the agent moves left", "the door is locked", "héllo wörld"] * 3, trainer=trainer)
+    out = tmp_path_factory.mktemp("tok")
+    tok.save(str(out / "tokenizer.json"))
+    return out

@@ -69,19 +69,9 @@ def _replay_check(tok, cfg, horizon=3):
 
 
 @pytest.fixture(scope="module")
-def chat_tokenizer(tmp_path_factory):
-  tokenizers = pytest.importorskip("tokenizers")
+def chat_tokenizer(tokenizer_dir):
   pytest.importorskip("jinja2")
-  from tokenizers import decoders, models, pre_tokenizers, trainers
-  tok = tokenizers.Tokenizer(models.BPE())
-  tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-  tok.decoder = decoders.ByteLevel()
-  trainer = trainers.BpeTrainer(vocab_size=300, special_tokens=["<|endoftext|>", "<|im_start|>", "<|im_end|>"],
-                                initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
-  tok.train_from_iterator(["total 3 user assistant system", "the agent moves left"] * 3, trainer=trainer)
-  out = tmp_path_factory.mktemp("chat_tok")
-  tok.save(str(out / "tokenizer.json"))
-  return HFTokenizer(str(out))  # no template in the folder: plain ChatML
+  return HFTokenizer(str(tokenizer_dir))  # no template in the folder: plain ChatML
 
 
 def test_chat_template_continuations_replay_the_sessions_future(chat_tokenizer):

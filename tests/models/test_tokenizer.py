@@ -29,21 +29,6 @@ def test_byte_tokenizer_specials_and_observation_layout():
   assert tok.decode(first + tok.encode("go") + [tok.eos_id]) == "be brieflookgo"
 
 
-@pytest.fixture(scope="module")
-def tokenizer_dir(tmp_path_factory):
-  tokenizers = pytest.importorskip("tokenizers")
-  from tokenizers import decoders, models, pre_tokenizers, trainers
-  tok = tokenizers.Tokenizer(models.BPE())
-  tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-  tok.decoder = decoders.ByteLevel()
-  trainer = trainers.BpeTrainer(vocab_size=300, special_tokens=["<|endoftext|>", "<|im_start|>", "<|im_end|>"],
-                                initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
-  tok.train_from_iterator(["the agent moves left", "the door is locked", "héllo wörld"] * 3, trainer=trainer)
-  out = tmp_path_factory.mktemp("tok")
-  tok.save(str(out / "tokenizer.json"))
-  return out
-
-
 @pytest.mark.parametrize("text", TEXTS)
 def test_hf_tokenizer_round_trips(tokenizer_dir, text):
   tok = HFTokenizer(str(tokenizer_dir))
