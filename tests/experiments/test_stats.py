@@ -88,3 +88,126 @@ def test_compare_calls_the_clear_winner_and_not_the_overlap():
 def test_verdict(judgements, expected):
   """Catches swapped verdict logic, a verdict from final success only, and 'any win' for 'every win'."""
   assert stats.verdict(judgements) == expected
+
+
+# ------------------------------------------------------------------ paired design
+
+diffs = st.lists(st.floats(-1.0, 1.0, allow_nan=False), min_size=2, max_size=10)
+
+
+def test_t_interval_covers_95_percent_at_n8_and_the_percentile_bootstrap_does_not():
+  """The study's interval (Student t on paired differences) covers a null mean 95% +- 1.5 points at n = 8
+  (4000 normal samples: SE 0.34 points); the per-arm percentile bootstrap the study used covers ~88%, under
+  92%. Catches a z quantile (1.96 instead of t_7 = 2.36: ~91%), sd with ddof 0 (~93.4%) and a percentile pair
+  off by one tail."""
+  cov_t = stats.coverage(stats.t_interval, n=8, reps=4000)
+  assert abs(cov_t - 0.95) <= 0.015, cov_t
+  cov_boot = stats.coverage(lambda d: stats.percentile_interval(d, boot=500), n=8, reps=800)
+  assert cov_boot < 0.92, cov_boot
+
+
+def test_paired_t_matches_the_textbook_numbers():
+  """d = 0.1, 0.2, 0.05, 0, 0.1, 0.15, 0.12, 0.08: mean 0.1, sd 0.060710 (ddof 1), t = 4.659, p (df 7)
+  0.002317, dz 1.6472, interval 0.1 +- 2.3646 x 0.021464. Catches ddof 0, a one-sided p, a z interval."""
+  t = stats.paired_test([0.1, 0.2, 0.05, 0.0, 0.1, 0.15, 0.12, 0.08])
+  assert t.n == 8 and t.mean == pytest.approx(0.1) and t.sd == pytest.approx(0.0607101, rel=1e-5)
+  assert t.p == pytest.approx(0.0023175, rel=1e-3) and t.dz == pytest.approx(1.64717, rel=1e-4)
+  assert (t.lo, t.hi) == (pytest.approx(0.1 - 2.364624 * 0.0214645, rel=1e-4),
+                          pytest.approx(0.1 + 2.364624 * 0.0214645, rel=1e-4))
+
+
+def test_mde_has_power_080_by_simulation():
+  """At n = 8 and sd 1 the MDE is 1.156 (noncentral t; the z shortcut (1.96 + 0.84)/sqrt(8) gives 0.99):
+  6000 simulated paired experiments with that true mean reject at 0.05 in 80% +- 2 points of them.
+  Catches power from the normal instead of the t, a one-sided alpha and a missing sqrt(n)."""
+  m = stats.mde(1.0, 8)
+  assert m == pytest.approx(1.156, abs=2e-3)
+  rng = np.random.default_rng(3)
+  d = rng.standard_normal((6000, 8)) + m
+  t = d.mean(1) / (d.std(1, ddof=1) / np.sqrt(8))
+  crit = 2.3646243
+  assert abs(np.mean(np.abs(t) > crit) - 0.8) < 0.02
+  assert stats.mde(0.0, 8) == 0.0 and stats.mde(1.0, 1) == float("inf")
+  assert stats.mde(2.0, 8) == pytest.approx(2 * m, rel=1e-6)  # scales with the sd of the differences
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.floats(-1.0, 1.0, allow_nan=False), st.integers(2, 9))
+def test_constant_differences_have_no_spread(c, n):
+  """Every seed moved by the same c: interval [c, c], MDE 0, p 0 (or 1 when c = 0). Catches a t statistic
+  divided by a zero sd (nan) and an interval that adds width of its own."""
+  t = stats.paired_test([c] * n)
+  assert (t.lo, t.hi, t.mean, t.mde) == (pytest.approx(c), pytest.approx(c), pytest.approx(c), 0.0)
+  assert t.p == (1.0 if c == 0 else 0.0)
+
+
+@settings(max_examples=40, deadline=None)
+@given(diffs, st.randoms(use_true_random=False))
+def test_paired_test_ignores_the_order_of_seeds_and_flips_with_the_sides(d, rnd):
+  """Permuting seeds (each pair kept) changes nothing; swapping A and B negates mean, interval and dz and
+  keeps p and the MDE. Catches pairing by position after a sort of one side and a one-sided p."""
+  a = dict(enumerate(rnd.random() for _ in d))
+  b = {s: a[s] - x for s, x in zip(a, d)}
+  seeds = list(a)
+  rnd.shuffle(seeds)
+  _, d1 = stats.paired({s: a[s] for s in seeds}, {s: b[s] for s in reversed(seeds)})
+  t, t1 = stats.paired_test(d), stats.paired_test(d1)
+  assert t1.mean == pytest.approx(t.mean, abs=1e-9) and t1.p == pytest.approx(t.p, abs=1e-9)
+  _, d2 = stats.paired(b, a)
+  t2 = stats.paired_test(d2)
+  assert t2.mean == pytest.approx(-t.mean, abs=1e-9) and t2.p == pytest.approx(t.p, abs=1e-9)
+  assert (t2.lo, t2.hi) == (pytest.approx(-t.hi, abs=1e-9), pytest.approx(-t.lo, abs=1e-9))
+  assert t2.mde == pytest.approx(t.mde, rel=1e-9, abs=1e-12)
+
+
+def test_paired_uses_the_seeds_both_sides_have():
+  """Catches pairing by list position (seed 3 of A against seed 5 of B) and a missing value kept as 0."""
+  seeds, d = stats.paired({0: 0.5, 1: 0.7, 3: 0.9, 4: None}, {1: 0.6, 3: 0.4, 0: 0.1, 4: 0.2, 5: 0.3})
+  assert seeds == [0, 1, 3] and d == pytest.approx([0.4, 0.1, 0.5])
+
+
+def test_holm_by_hand():
+  """p = 0.01, 0.04, 0.03, 0.2 (m = 4): sorted 0.01 x 4 = 0.04, 0.03 x 3 = 0.09, 0.04 x 2 = 0.08 -> 0.09
+  (running max), 0.2 x 1 -> 0.2. Catches Bonferroni (0.16 for 0.04), no running max (0.08) and the
+  adjusted values returned in sorted order."""
+  assert stats.holm([0.01, 0.04, 0.03, 0.2]) == pytest.approx([0.04, 0.09, 0.09, 0.2])
+  assert stats.holm([]) == [] and stats.holm([0.6, 0.7]) == pytest.approx([1.0, 1.0])
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.floats(0.0, 1.0, allow_nan=False), min_size=1, max_size=12))
+def test_holm_is_between_raw_and_bonferroni_and_keeps_the_order(p):
+  """Property: p <= holm(p) <= min(1, m p), and a smaller raw p never gets a larger adjusted one."""
+  adj = stats.holm(p)
+  m = len(p)
+  for x, y in zip(p, adj):
+    assert x - 1e-12 <= y <= min(1.0, m * x) + 1e-12
+  for i in range(m):
+    for j in range(m):
+      if p[i] < p[j]:
+        assert adj[i] <= adj[j] + 1e-12
+
+
+@pytest.mark.parametrize("judgements,mdes,control,expected", [
+    ([("A>B", "n.s."), ("n.s.", "A>B")], [0.1, 0.1], True, "reproduced"),
+    ([("A>B", "A>B"), ("n.s.", "n.s.")], [0.05, 0.123], True, "inconclusive (MDE 0.123)"),
+    ([("A>B", "A>B"), ("n.s.", "n.s.")], [0.05, 0.123], False, "underpowered (control did not separate)"),
+    ([("A>B", "A>B"), ("n.s.", "n.s.")], [0.05, 0.123], None, "inconclusive (MDE 0.123)"),
+    ([("A>B", "B>A")], [0.1], False, "not reproduced"),
+    ([], [], None, "not tested (no comparison)"),
+])
+def test_paired_verdict(judgements, mdes, control, expected):
+  """Catches a failed control hiding a reversal, a failed control ignored ("inconclusive" instead of
+  "underpowered"), and the MDE of the wrong comparison (the smallest instead of the largest)."""
+  assert stats.paired_verdict(judgements, mdes, control) == expected
+  assert stats.paired_verdict([], [], None, ["critic below the bar"]) == "not tested (critic below the bar)"
+
+
+def test_judge_and_separates():
+  """Catches judging on the raw p where the Holm-adjusted one is given, and a control that 'separates'
+  the wrong way round."""
+  t = stats.paired_test([0.1, 0.12, 0.09, 0.11])
+  assert stats.judge(t, 0.01) == "A>B" and stats.judge(t, 0.2) == "n.s." and stats.judge(None, None) == "n/a"
+  neg = stats.paired_test([-0.1, -0.12, -0.09, -0.11])
+  assert stats.judge(neg, 0.01) == "B>A"
+  assert stats.separates(t) and not stats.separates(neg) and not stats.separates(None)
