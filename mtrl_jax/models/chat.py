@@ -34,15 +34,25 @@ template's, and the ids are the ones the model saw: transformers encodes a
 generation prompt alone at inference as well.
 
 The check that makes this safe: the rendering of the whole conversation must
-START WITH the text of the ids already in the cache. Templates that rewrite
-earlier turns break that (Qwen3-style templates drop the `<think>` block of
-past assistant turns; Llama-3's `| trim` drops whitespace around a reply).
-Then no incremental encoding equals the template's rendering, and silently
-appending would train the policy on a context its template never shows;
-re-prefilling the rewritten history would make the trained ids differ from
-the sampled ones. `ChatFormat` raises `BrokenPrefixError` instead, naming the
-turn and the first differing text: use a template that keeps history (pass
-`chat_template=` to `HFTokenizer`, or config `chat.template`).
+START WITH the text of the ids already in the cache. A template that renders a
+sampled reply differently from how it was sampled breaks that: Llama-3 and
+Gemma templates `| trim` a reply that starts or ends with whitespace (or was
+cut at the budget right after a newline), Qwen3-style templates drop the
+`<think>` block of past replies, and every template writes its own
+end-of-turn token where a reply stopped on another stop id (a tokenizer eos
+that is not the template's). Then no incremental encoding equals the
+template's rendering: silently appending would train the policy on a context
+its template never shows, and re-prefilling the rewritten history would put
+ids in the sequence the policy never sampled. `ChatFormat.next_ids` raises
+`BrokenPrefixError` naming the turn, the first differing text and the cause
+(`cut_at_budget`, `stop_token`, `reply` or `history`); the rollout engines
+catch it per session and end that session untrained (end_reason
+'rewritten', rollout/engine.py), so one reply never ends the job.
+
+A turn is closed with what the template writes after a reply
+(`ChatFormat.closing_text`, e.g. '<end_of_turn>\n'): `end_of_turn_id` is its
+first token, which the tokenizer adds to its stop ids and behaviour cloning
+appends to demo actions, whatever the tokenizer's eos is.
 """
 from __future__ import annotations
 
@@ -59,8 +69,22 @@ DEFAULT_CHATML = (
 PROMPT_ROLES = ("system", "user")
 
 
+PROBE_REPLY = "mtrlprobe"  # a reply no template rewrites: no whitespace, no <think> block
+CAUSES = ("cut_at_budget", "stop_token", "reply", "history")
+
+
 class BrokenPrefixError(ValueError):
-  """The template's rendering of the conversation does not extend the cached ids."""
+  """The template's rendering of the conversation does not extend the cached ids.
+
+  turn: the turn whose prefill could not be built; cause: one of CAUSES (the
+  last reply was cut at the budget / stopped on a stop id the template does
+  not write / was rewritten by the template; or an earlier turn was); at: the
+  first differing character.
+  """
+
+  def __init__(self, message: str, *, turn: int = -1, cause: str = "history", at: int = -1):
+    super().__init__(message)
+    self.turn, self.cause, self.at = turn, cause, at
 
 
 class HistoryTurn(NamedTuple):
@@ -167,6 +191,23 @@ class ChatFormat:
       ids = ids[:-1]
     return self.decode(ids)
 
+  def closing_text(self) -> str | None:
+    """What the template writes right after an assistant reply ('<|im_end|>\\n',
+    '<|eot_id|>', '<end_of_turn>\\n'); None when a probe conversation does not render."""
+    try:
+      text = self.template.render(conversation(None, ["hi"], [PROBE_REPLY]))
+    except Exception:  # a template with demands the probe does not meet: no closing known
+      return None
+    i = text.rfind(PROBE_REPLY)
+    return text[i + len(PROBE_REPLY):] if i >= 0 else None
+
+  def end_of_turn_id(self, special_ids: Sequence[int]) -> int | None:
+    """The id that closes an assistant turn under this template: the first id of
+    `closing_text` when it is one of `special_ids` (else None: plain-text closings)."""
+    closing = self.closing_text()
+    ids = self.encode(closing) if closing else []
+    return int(ids[0]) if ids and int(ids[0]) in set(int(i) for i in special_ids) else None
+
   def render(self, prompt: str | None, history: Sequence[HistoryTurn], observation: str | None) -> str:
     """The template's text of the conversation (with the generation prompt when
     it ends on a new observation)."""
@@ -189,11 +230,40 @@ class ChatFormat:
     cached = self.decode([int(i) for h in history for part in (h.obs_ids, h.action_ids) for i in part])
     full = self.render(prompt, history, observation)
     if not full.startswith(cached):
-      at = next((i for i, (a, b) in enumerate(zip(full, cached)) if a != b), min(len(full), len(cached)))
-      raise BrokenPrefixError(
-          f"turn {len(history)}: the chat template's rendering of the conversation does not extend the "
-          f"tokens already in the cache (it rewrites an earlier turn, e.g. strips a <think> block or "
-          f"trims whitespace). At character {at}: cache has {cached[at:at + 40]!r}, template renders "
-          f"{full[at:at + 40]!r}. Token-in/token-out cannot hold with this template; give a template "
-          f"that keeps the history as generated (config chat.template / HFTokenizer(chat_template=...)).")
+      raise self._broken(history, cached, full)
     return list(self.encode(full[len(cached):]))
+
+  def _broken(self, history: Sequence[HistoryTurn], cached: str, full: str) -> BrokenPrefixError:
+    """The error for a rendering that does not extend the cache, with its cause."""
+    k = len(history)
+    at = next((i for i, (a, b) in enumerate(zip(full, cached)) if a != b), min(len(full), len(cached)))
+    ids = [int(i) for h in history for part in (h.obs_ids, h.action_ids) for i in part]
+    last = [int(i) for i in history[-1].action_ids]
+    last_start = len(self.decode(ids[:len(ids) - len(last)]))
+    stopped = bool(last) and last[-1] in self.stop_ids
+    content_end = len(self.decode(ids[:len(ids) - 1])) if stopped else len(cached)
+    where = f"At character {at}: cache has {cached[at:at + 40]!r}, template renders {full[at:at + 40]!r}."
+    if at < last_start:
+      cause = "history"
+      what = (f"turn {k}: the chat template's rendering of the conversation does not extend the tokens "
+              f"already in the cache (it rewrites an earlier turn, e.g. strips a <think> block or trims "
+              f"whitespace).")
+    elif not stopped and at >= last_start + len(cached[last_start:].rstrip()):
+      # Only where the cut left whitespace at the reply's end: a cut reply that starts with a
+      # space is rewritten for that space, as a stopped one would be.
+      cause = "cut_at_budget"
+      what = (f"turn {k}: the action of turn {k - 1} was cut at the token budget (config rollout.turn_budget; "
+              f"no end-of-turn token) after {cached[last_start:][-20:]!r}, and the chat template closes a reply "
+              f"cut there differently (it trims the whitespace the cut left at its end).")
+    elif stopped and at >= content_end:
+      cause = "stop_token"
+      what = (f"turn {k}: the action of turn {k - 1} stopped on {self.decode(last[-1:])!r}, a stop id the chat "
+              f"template does not write: it closes a reply with {self.closing_text()!r}.")
+    else:
+      cause = "reply"
+      what = (f"turn {k}: the chat template rewrites the reply of turn {k - 1} (it trims whitespace around "
+              f"it or strips a <think> block).")
+    return BrokenPrefixError(
+        f"{what} {where} Token-in/token-out cannot continue this session: the rollout engines end it "
+        f"untrained (end_reason 'rewritten'); a template that keeps replies as generated avoids it "
+        f"(config chat.template / HFTokenizer(chat_template=...)).", turn=k, cause=cause, at=at)

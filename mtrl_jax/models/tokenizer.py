@@ -131,6 +131,14 @@ class HFTokenizer:
     self.chat = chat.ChatFormat(chat.ChatTemplate(self.chat_template, specials), self.encode,
                                 lambda ids: self.decode(ids, skip_special_tokens=False), self.stop_ids,
                                 prompt_role=prompt_role)
+    # A turn closes with what the template writes after a reply, whatever the eos (Gemma-style
+    # folders: eos <eos>, turns end <end_of_turn>): demos end their actions with it, rollouts stop on it.
+    special = [i for i, t in self._tok.get_added_tokens_decoder().items() if t.special]
+    eot = self.chat.end_of_turn_id(special)
+    self.end_of_turn_id = self.eos_id if eot is None else eot
+    if self.end_of_turn_id not in self.stop_ids:
+      self.stop_ids += (self.end_of_turn_id,)
+      self.chat.stop_ids = frozenset(self.stop_ids)
 
   def _id(self, token: str, field: str) -> int:
     tid = self._tok.token_to_id(token)

@@ -5,8 +5,13 @@ appends the rows' new observations to their KV caches (ragged, one call),
 decodes all live rows' actions in one `Sampler.generate` call, then steps the
 environments on host threads. A session leaves the batch when its env ends the
 episode, when the engine's turn limit is reached, when its next observation
-plus one turn's token budget would not fit in the cache (`context_cap`), or
-when its env raises (`env_error`; the rest of the batch carries on).
+plus one turn's token budget would not fit in the cache (`context_cap`), when
+its env raises (`env_error`; the rest of the batch carries on), or when its
+chat template renders a reply otherwise than it was sampled (`rewritten`: a
+trimming template and a reply with whitespace at either end, or cut after a
+newline; a reply stopped on a stop id the template does not write), since no
+next context is then both the template's and the cache's (models/chat.py).
+Such a session is not trained on (docs/real_model.md says why).
 
 Determinism: given the same task seeds, keys, weights and sampling params, the
 sessions are identical. Every session samples from its own key (see
@@ -25,6 +30,7 @@ import jax
 import numpy as np
 
 from mtrl_jax.rollout.group_prefill import append_once_per_group
+from mtrl_jax.models.chat import BrokenPrefixError
 from mtrl_jax.models.tokenizer import continuation_ids
 from mtrl_jax.rollout.ledger import TokenLedger
 from mtrl_jax.rollout.ownership import row_keys, session_keys
@@ -253,7 +259,13 @@ class RolloutEngine:
       s.finish("context_cap")
     else:
       # The whole history: a chat template renders the next turn after it (models/chat.py).
-      return step.observation, continuation_ids(self.tokenizer, s.prompt, s.turns, step.observation)
+      try:
+        return step.observation, continuation_ids(self.tokenizer, s.prompt, s.turns, step.observation)
+      except BrokenPrefixError as e:
+        # The template renders this reply otherwise than sampled: no next context is both the
+        # template's and the cache's. This session ends, untrained (Session.trainable); the job goes on.
+        s.final_observation = step.observation
+        s.finish("rewritten", error=f"{e.cause}: {e}")
     return None
 
   def _reset_all(self, pool, sessions: list[Session], timing: dict) -> list[tuple[Any, Any]]:

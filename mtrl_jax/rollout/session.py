@@ -24,7 +24,9 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-END_REASONS = ("terminated", "truncated", "context_cap", "env_error")
+# rewritten: the chat template renders a reply differently from how it was sampled, so
+# the next turn's context cannot be built token-in/token-out (models/chat.py); never trained.
+END_REASONS = ("terminated", "truncated", "context_cap", "env_error", "rewritten")
 
 
 class Turn(NamedTuple):
@@ -100,7 +102,7 @@ class Session:
   final_observation: str | None = None
   end_reason: str | None = None  # one of END_REASONS once the session is over
   success: bool = False
-  error: str | None = None  # the env exception's message, if any
+  error: str | None = None  # the env exception's message (or why the template rewrote a reply), if any
 
   def __post_init__(self):
     if self.tree_id < 0:
@@ -144,6 +146,10 @@ class Session:
     return self.end_reason == "env_error"
 
   @property
+  def rewritten(self) -> bool:
+    return self.end_reason == "rewritten"
+
+  @property
   def own_turns(self) -> list[Turn]:
     """The turns this session paid for: after a fork, the shared ones belong
     to the parent (the turn it forked at still counts its action)."""
@@ -159,12 +165,15 @@ class Session:
 
   @property
   def trainable(self) -> bool:
-    """Finished, no env failure, and at least one generated token.
+    """Finished, no env failure, no rewritten reply, and at least one generated token.
 
     An env error says nothing about the policy, so such a session must never
-    be trained on as if its (truncated) return were earned.
+    be trained on as if its (truncated) return were earned. A session ended
+    because its template rewrote a reply (end_reason 'rewritten') is left out
+    too: its return is cut short by the reply's form, so training on it would
+    reward or punish whitespace rather than play (docs/real_model.md).
     """
-    return self.done and not self.env_error and self.num_action_tokens > 0
+    return self.done and not self.env_error and not self.rewritten and self.num_action_tokens > 0
 
   def min_version(self) -> int | None:
     """Oldest policy version among the generated tokens (None if none)."""

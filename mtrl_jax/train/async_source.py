@@ -158,6 +158,7 @@ class AsyncSource:
         "rollout/success": float(np.mean([bool(s.success) for s in sessions])),
         "rollout/return": float(np.mean([s.episode_return for s in sessions if not s.env_error] or [0.0])),
         "rollout/env_errors": sum(bool(s.env_error) for s in sessions),
+        "rollout/rewritten_replies": sum(bool(s.rewritten) for s in sessions),
         "rollout/env_timeouts": sum(bool(s.error and s.error.startswith("EnvTimeout")) for s in sessions),
         "staleness/mean": float(st.mean()) if st.size else 0.0,
         "staleness/max": float(st.max()) if st.size else 0.0,

@@ -2,9 +2,10 @@
 
 Demo sessions (dicts from `mtrl_jax.data.demos`) are laid out exactly as
 rollouts are (per turn: the prefill ids of `continuation_ids`, then the
-action's ids and the end-of-action id), so the policy learns the same format
-it will be sampled in (with a chat template: the template's). Only action
-tokens are targets.
+action's ids and the id that closes a turn: a chat template's end-of-turn
+token whatever the tokenizer's eos is, the byte tokenizer's eos), so the
+policy learns the same format it will be sampled in (with a chat template:
+the template's). Only action tokens are targets.
 """
 from __future__ import annotations
 
@@ -20,13 +21,13 @@ from mtrl_jax.train.lm_step import LMBatch
 
 
 def demo_tokens(session: dict, tokenizer) -> tuple[np.ndarray, np.ndarray]:
-  """(tokens, loss mask) of one demo session; mask 1 on action tokens and their eos."""
+  """(tokens, loss mask) of one demo session; mask 1 on action tokens and their end-of-turn id."""
   toks: list[int] = []
   mask: list[int] = []
   history: list[HistoryTurn] = []
   for turn in session["turns"]:
     obs = continuation_ids(tokenizer, session["prompt"], history, turn["observation"])
-    act = list(tokenizer.encode(turn["action"])) + [tokenizer.eos_id]
+    act = list(tokenizer.encode(turn["action"])) + [getattr(tokenizer, "end_of_turn_id", tokenizer.eos_id)]
     history.append(HistoryTurn(turn["observation"], obs, act))
     toks += obs + act
     mask += [0] * len(obs) + [1] * len(act)

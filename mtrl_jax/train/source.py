@@ -85,6 +85,7 @@ class SyncSource:
             "rollout/success": float(np.mean([bool(s.success) for s in sessions])),
             "rollout/return": float(np.mean([s.episode_return for s in sessions if not s.env_error] or [0.0])),
             "rollout/env_errors": sum(bool(s.env_error) for s in sessions),
+            "rollout/rewritten_replies": sum(bool(s.rewritten) for s in sessions),
             "staleness/max": 0.0, "staleness/mean": 0.0}
     return sessions, info
 
@@ -123,5 +124,6 @@ def merge_host_infos(infos: Sequence[dict], sessions: Sequence[Session]) -> dict
       "rollout/success": float(np.mean([bool(s.success) for s in sessions])) if sessions else 0.0,
       "rollout/return": float(np.mean([s.episode_return for s in sessions if not s.env_error] or [0.0])),
       "rollout/env_errors": sum(bool(s.env_error) for s in sessions),
+      "rollout/rewritten_replies": sum(bool(s.rewritten) for s in sessions),
       "rollout/hosts": len(infos)})
   return out
