@@ -21,16 +21,23 @@ Implementations (see docs/scale.md, "Attention"):
             that recomputes scores per block from the saved output and
             log-sum-exp: memory linear in T, forward and backward. Portable.
   cudnn     jax.nn.dot_product_attention(implementation="cudnn"), GPU only,
-            fp16/bf16 only; falls back to blockwise with segment ids (cuDNN's
-            mask argument would be a dense [B,H,T,T] bias) or fp32 inputs.
+            fp16/bf16 only; rows right-padded to an even length (its
+            differentiated path refuses odd ones); falls back to blockwise
+            where no padding makes the call legal: segment ids (cuDNN's mask
+            argument would be a dense [B,H,T,T] bias), fp32 inputs, a head
+            dim it does not take. The table is `cudnn_accepts`.
   splash    Pallas TPU splash attention; interpreted (slow, for tests) off TPU.
   auto      cudnn on GPU, splash on TPU; on CPU xla up to AUTO_XLA_MAX_T (512)
             and blockwise beyond.
+
+`plan(...)` is the pure decision (kernel and the length it is handed) for a
+given platform; `attention` runs it.
 """
 from __future__ import annotations
 
 import functools
 import math
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -43,33 +50,116 @@ ATTENTION_IMPLS = ("auto", "xla", "cudnn", "splash", "blockwise")
 # einsum's [B,H,T,T] scores already cost GiBs, so longer rows go blockwise.
 AUTO_XLA_MAX_T = 512
 
+
+def _round_up(x: int, m: int) -> int:
+  return -(-x // m) * m
+
+
 # A finite "minus infinity": masked scores never become NaN through inf - inf.
 _NEG = -1e30
 
 
-def resolve_impl(impl: str, t: int, dtype, has_segments: bool, platform: str | None = None) -> str:
-  """The implementation `attention` actually runs for these arguments."""
+# What cuDNN flash attention accepts on its fp16/bf16 path, as JAX checks it
+# before the call (jax/_src/cudnn/fused_attention_stablehlo.py,
+# check_is_flash_attention, read in jax 0.10.2):
+#   dtype     float16 or bfloat16
+#   head_dim  a multiple of 8, <= 128 (<= 256 from Hopper on; 128 is what
+#             every generation takes, and a pure function cannot ask the card)
+#   T, S      forward alone: any. Differentiated: both EVEN. Its training
+#             rule always hands the check a bias (an empty placeholder when
+#             the caller gives none), and "training with a bias" wants
+#             T % 2 == S % 2 == 0: hence "Unsupported sequence length Q 255,
+#             KV 255" on the trainer's shifted 256-token rows.
+#   masks     causal by index (is_causal). Packing would need per-segment
+#             q/kv offsets, which jax.nn.dot_product_attention does not take
+#             (and the packed layout wants Hopper); a mask becomes a dense
+#             [B,H,T,T] bias. So segment ids are not expressible.
+# `attention` cannot know whether it will be differentiated, so it always
+# hands cuDNN an even length: right padding is exact for causal attention (a
+# real query never sees a later key, the padded outputs are cut off, so no
+# gradient reaches the padding).
+CUDNN_DTYPES = ("float16", "bfloat16")
+CUDNN_HEAD_DIM_MULTIPLE = 8
+CUDNN_MAX_HEAD_DIM = 128
+CUDNN_T_MULTIPLE = 2  # the differentiated path's granularity
+
+
+def cudnn_accepts(t: int, dtype, head_dim: int, has_segments: bool, training: bool = True) -> bool:
+  """Whether cuDNN flash attention takes this causal self-attention call (the table above)."""
+  return (jnp.dtype(dtype).name in CUDNN_DTYPES and head_dim % CUDNN_HEAD_DIM_MULTIPLE == 0
+          and 0 < head_dim <= CUDNN_MAX_HEAD_DIM and not has_segments
+          and t >= 1 and (not training or t % CUDNN_T_MULTIPLE == 0))
+
+
+class AttentionPlan(NamedTuple):
+  """What `attention` runs: the kernel, and the row length it hands that kernel
+  (>= the real length; the difference is right padding, cut off afterwards)."""
+  impl: str
+  t_kernel: int
+
+
+def plan(impl: str, t: int, dtype, has_segments: bool, head_dim: int, platform: str) -> AttentionPlan:
+  """The kernel and kernel length for these arguments on `platform`: a pure function.
+
+  Never hands cuDNN a shape `cudnn_accepts` refuses (differentiated or not):
+  an odd length is padded by one; what no padding makes legal (segment ids,
+  fp32, a head dim it does not take) runs blockwise instead. Splash pads
+  inside its own wrapper; xla and blockwise take any length.
+  """
   if impl not in ATTENTION_IMPLS:
     raise ValueError(f"attention impl {impl!r}; choose one of {ATTENTION_IMPLS}")
-  platform = platform or jax.default_backend()
   if impl == "auto":
     if platform == "gpu":
       impl = "cudnn"
     elif platform == "tpu":
-      return "splash"
+      return AttentionPlan("splash", t)
     else:
-      return "xla" if t <= AUTO_XLA_MAX_T else "blockwise"
+      return AttentionPlan("xla" if t <= AUTO_XLA_MAX_T else "blockwise", t)
   if impl == "cudnn":
     if platform != "gpu":
       raise ValueError(f"attention impl 'cudnn' needs a GPU backend, this one is {platform!r}; "
                        "use 'blockwise' (any backend) or 'auto'")
-    if has_segments or jnp.dtype(dtype) not in (jnp.bfloat16, jnp.float16):
-      return "blockwise"
-  return impl
+    t_kernel = _round_up(t, CUDNN_T_MULTIPLE)
+    if not cudnn_accepts(t_kernel, dtype, head_dim, has_segments):
+      return AttentionPlan("blockwise", t)
+    return AttentionPlan("cudnn", t_kernel)
+  return AttentionPlan(impl, t)
 
 
-def attention(q_bthd, k_bskd, v_bskd, *, segment_ids_bt=None, impl="auto", block_q=512, block_kv=512):
-  """Causal (and same-segment) self-attention; see the module docstring."""
+def resolve_impl(impl: str, t: int, dtype, has_segments: bool, platform: str | None = None,
+                 head_dim: int = 64) -> str:
+  """The implementation `attention` actually runs for these arguments (`plan(...).impl`)."""
+  return plan(impl, t, dtype, has_segments, head_dim, platform or jax.default_backend()).impl
+
+
+def right_padded(kernel, q_bthd, k_bskd, v_bskd, t_kernel: int):
+  """`kernel(q, k, v)` on rows right-padded with zeros to `t_kernel`, cut back to T.
+
+  Exact for causal attention without segment ids: a real query (index < T)
+  sees no key at index >= T, and the padded queries' outputs are dropped, so
+  neither values nor gradients of the real positions change.
+  """
+  t = q_bthd.shape[1]
+  if t_kernel == t:
+    return kernel(q_bthd, k_bskd, v_bskd)
+  if t_kernel < t:
+    raise ValueError(f"right_padded: t_kernel {t_kernel} < T {t}")
+  pad = [(0, 0), (0, t_kernel - t), (0, 0), (0, 0)]
+  out = kernel(jnp.pad(q_bthd, pad), jnp.pad(k_bskd, pad), jnp.pad(v_bskd, pad))
+  return out[:, :t]
+
+
+def cudnn_attention(q_bthd, k_bskd, v_bskd):
+  """cuDNN flash attention, causal; the caller hands it legal shapes (`plan`)."""
+  return jax.nn.dot_product_attention(q_bthd, k_bskd, v_bskd, is_causal=True, implementation="cudnn")
+
+
+def attention(q_bthd, k_bskd, v_bskd, *, segment_ids_bt=None, impl="auto", block_q=512, block_kv=512,
+              platform: str | None = None):
+  """Causal (and same-segment) self-attention; see the module docstring.
+
+  `platform` (default: JAX's default backend) only picks the kernel (`plan`).
+  """
   b, t, h, hd = q_bthd.shape
   if k_bskd.shape != v_bskd.shape or k_bskd.shape[:2] != (b, t) or k_bskd.shape[3] != hd:
     raise ValueError(f"attention: q {q_bthd.shape}, k {k_bskd.shape}, v {v_bskd.shape}; "
@@ -78,13 +168,15 @@ def attention(q_bthd, k_bskd, v_bskd, *, segment_ids_bt=None, impl="auto", block
     raise ValueError(f"attention: {h} query heads is not a multiple of {k_bskd.shape[2]} kv heads")
   if segment_ids_bt is not None and segment_ids_bt.shape != (b, t):
     raise ValueError(f"attention: segment_ids_bt {segment_ids_bt.shape}, want {(b, t)}")
-  impl = resolve_impl(impl, t, q_bthd.dtype, segment_ids_bt is not None)
+  impl, t_kernel = plan(impl, t, q_bthd.dtype, segment_ids_bt is not None, hd,
+                        platform or jax.default_backend())
   if impl == "xla":
     return xla_attention(q_bthd, k_bskd, v_bskd, segment_ids_bt)
   if impl == "blockwise":
     return blockwise_attention(q_bthd, k_bskd, v_bskd, segment_ids_bt, block_q=block_q, block_kv=block_kv)
   if impl == "cudnn":
-    return jax.nn.dot_product_attention(q_bthd, k_bskd, v_bskd, is_causal=True, implementation="cudnn")
+    # Looked up at call time so the tests can stand in a CPU kernel with cuDNN's shape checks.
+    return right_padded(cudnn_attention, q_bthd, k_bskd, v_bskd, t_kernel)
   return splash_attention(q_bthd, k_bskd, v_bskd, segment_ids_bt, block_q=block_q, block_kv=block_kv,
                           interpret=jax.default_backend() != "tpu")
 
@@ -272,10 +364,6 @@ _flash.defvjp(_flash_fwd, _flash_bwd)
 
 
 # ------------------------------------------------------------------ splash
-
-def _round_up(x: int, m: int) -> int:
-  return -(-x // m) * m
-
 
 @functools.lru_cache(maxsize=64)
 def _splash_kernel(h: int, t: int, bq: int, bkv: int, interpret: bool):

@@ -200,6 +200,32 @@ def test_cudnn_matches_reference(kv):
   assert_close(out_and_grads(fn, q, k, v, ct, None), reference(q, k, v, ct, None), TOL[jnp.bfloat16], "cudnn")
 
 
+@pytest.mark.skipif(jax.default_backend() != "gpu", reason="cuDNN attention needs a GPU")
+@pytest.mark.parametrize("t", [255, 37, 1, 64])
+@pytest.mark.parametrize("impl", ["auto", "cudnn"])
+def test_cudnn_odd_lengths_match_reference(t, impl):
+  """bf16 rows of odd length (255: the trainer's shifted 256-token rows) through
+  `attention` on a GPU: outputs and gradients equal the reference's, where a bare
+  cuDNN call on an odd length raises in the backward. Catches removing the
+  padding to an even length (models/attention.py `plan`)."""
+  q, k, v, ct = inputs(2, jnp.bfloat16, t=t)
+  fn = lambda q, k, v, seg: attn.attention(q, k, v, impl=impl)
+  assert attn.plan(impl, t, jnp.bfloat16, False, HD, "gpu").impl == "cudnn"
+  assert_close(out_and_grads(fn, q, k, v, ct, None), reference(q, k, v, ct, None), TOL[jnp.bfloat16],
+               f"cudnn T={t}")
+
+
+@pytest.mark.skipif(jax.default_backend() != "gpu", reason="cuDNN attention needs a GPU")
+def test_cudnn_bare_call_refuses_odd_training_length():
+  """The table's claim (models/attention.py, cudnn_accepts): JAX's cuDNN path
+  refuses an odd length when differentiated. If this starts failing, a newer
+  JAX lifted the limit: the padding is then unneeded (still exact)."""
+  q, k, v, ct = inputs(2, jnp.bfloat16, t=37)
+  bare = lambda q, k, v, seg: jax.nn.dot_product_attention(q, k, v, is_causal=True, implementation="cudnn")
+  with pytest.raises(NotImplementedError, match="sequence length"):
+    out_and_grads(bare, q, k, v, ct, None)
+
+
 # ------------------------------------------------------------------ the model
 
 CFG = ModelConfig(vocab_size=61, dim=32, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=8, mlp_dim=48,
