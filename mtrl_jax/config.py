@@ -59,6 +59,10 @@ def base_config() -> ml_collections.ConfigDict:
   c.init_from = ""
   c.critic = ml_collections.ConfigDict(dict(
       # none | separate (own trunk) | head (value head on the policy trunk) | lora (its own
+  # JAX's persistent compilation cache (mtrl_jax/compile_cache.py): "auto" = the user cache
+  # folder ($MTRL_COMPILE_CACHE, else ~/.cache/mtrl_jax/jax); a folder; "" = off. A second
+  # run of the same config then loads its programs instead of compiling them.
+  c.compile_cache = "auto"
       # LoRA adapters and value head on the policy's frozen trunk: one trunk, two adapters)
       kind="separate",
       init_from_policy=True,
@@ -261,6 +265,17 @@ def _positive(c, *fields):
 
 def validate(c: ml_collections.ConfigDict, num_devices: int | None = None) -> None:
   """Raises ValueError naming the first bad field; runs before any compute."""
+def validate_compile_cache(c) -> None:
+  v = c.get("compile_cache", "auto")
+  _check(isinstance(v, str), "compile_cache",
+         f"must be a folder, 'auto' (the user cache folder) or '' (off), got {v!r}")
+  if v and v != "auto":
+    import os
+    path = os.path.expanduser(v)
+    _check(not os.path.exists(path) or os.path.isdir(path), "compile_cache",
+           f"{v!r} exists and is not a folder; name a folder, 'auto' or '' (off)")
+
+
   from mtrl_jax.models.config import ModelConfig
   try:
     ModelConfig.from_dict(c.model)
@@ -270,6 +285,7 @@ def validate(c: ml_collections.ConfigDict, num_devices: int | None = None) -> No
     _check(s in STAGES, "stages", f"unknown stage {s!r}; known: {STAGES}")
   _positive(c, "rl.tasks_per_update", "rl.group_size", "rl.epochs", "rl.minibatches",
             "rollout.turn_budget", "rollout.context_cap", "sft.batch_size", "eval.tasks")
+  validate_compile_cache(c)
   _check(c.rl.steps >= 0, "rl.steps", f"must be >= 0, got {c.rl.steps}")
   _check(c.rl.layout in LAYOUTS, "rl.layout", f"{c.rl.layout!r} not in {LAYOUTS}")
   _check(c.rl.pack_len >= 0, "rl.pack_len", f"must be >= 0 (0 = the batch's longest sample), got {c.rl.pack_len}")

@@ -22,11 +22,17 @@ flags.mark_flags_as_required(["config", "workdir"])
 
 def main(argv):
   del argv
+  from mtrl_jax import compile_cache
+  from mtrl_jax import config as config_lib
+  from mtrl_jax.metrics import say
   from mtrl_jax.train.learner import NonFiniteError
   from mtrl_jax.train.run import Run
   if not flags.FLAGS["verbosity"].present:
     # Library INFO logs (orbax, tfds) drown the progress lines; -v 0 brings them back.
     logging.set_verbosity(logging.WARNING)
+  # JAX's persistent compilation cache (config.compile_cache), before anything compiles.
+  config_lib.validate_compile_cache(_CONFIG.value)
+  say(compile_cache.describe(compile_cache.setup(_CONFIG.value.compile_cache)))
   try:
     summary = Run(_CONFIG.value, _WORKDIR.value).run()
   except NonFiniteError as e:

@@ -44,6 +44,10 @@ if os.environ.get("MTRL_TEST_JAX_CACHE", "1") != "0" and (
 def pytest_collection_finish(session):
     for k in _CACHE_ENV:  # the test modules have imported jax (or never will): keep it from subprocesses
         os.environ.pop(k, None)
+    # The jobs tests launch (python -m mtrl_jax.main, the lab) would otherwise use the user cache
+    # folder (config.compile_cache "auto", mtrl_jax/compile_cache.py): none, as above, unless a
+    # test names a folder (--config.compile_cache=DIR).
+    os.environ.setdefault("MTRL_COMPILE_CACHE", "")
 
 # Hypothesis: no per-example deadline and no "too slow" health check. The
 # first example of a property test often pays for a JAX compile, and on a

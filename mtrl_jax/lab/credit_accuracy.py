@@ -267,6 +267,10 @@ def main(argv):
   c, workdir = _CONFIG.value, _WORKDIR.value
   if c is None or workdir is None:
     raise app.UsageError("--config and --workdir are required")
+  from mtrl_jax import compile_cache
+  from mtrl_jax import config as config_lib
+  config_lib.validate_compile_cache(c)  # JAX's persistent compilation cache, before anything compiles
+  say(compile_cache.describe(compile_cache.setup(c.compile_cache)))
   lab = c.lab
   t0 = time.time()
   run = Run(c, workdir)

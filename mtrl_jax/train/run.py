@@ -19,6 +19,7 @@ import numpy as np
 from absl import logging
 from flax import nnx
 
+from mtrl_jax import compile_cache
 from mtrl_jax import config as config_lib
 from mtrl_jax.data import demos as demos_lib
 from mtrl_jax.envs import registry as env_registry
@@ -62,6 +63,7 @@ class Run:
 
   def __init__(self, c, workdir: str):
     self.c, self.workdir = c, workdir
+    self._compiles = compile_cache.compile_counts()  # what building the run compiles: logged as "startup"
     initialize_from_config(c.distributed)
     config_lib.validate(c)
     os.makedirs(workdir, exist_ok=True)
@@ -305,7 +307,9 @@ class Run:
   # ---------------------------------------------------------------- stages
   def run(self) -> dict:
     summary = {}
+    first = self._compiles
     try:
+      self._log_compiles("startup")
       for stage in self.c.stages:
         if stage in self.meta["stages_done"]:
           say(f"stage {stage}: already done in {self.workdir}, skipping")
@@ -315,14 +319,23 @@ class Run:
         out = getattr(self, f"stage_{stage}")() or {}
         summary.update(out)
         summary[f"time/{stage}_s"] = time.time() - t0
+        self._log_compiles(stage)
         if stage != "demos":
           self._finish_stage(stage)
         else:
           self.meta["stages_done"] = list(self.meta["stages_done"]) + ["demos"]
+      summary.update(compile_cache.delta(first, self._compiles).as_metrics())  # the whole run
     finally:
       self.ckpt.close()
       self.writer.close()
     return summary
+
+  def _log_compiles(self, stage: str):
+    """What `stage` compiled (console, and a metrics.jsonl record of stage "compile")."""
+    now = compile_cache.compile_counts()
+    d, self._compiles = compile_cache.delta(self._compiles, now), now
+    say(f"stage {stage}: compiling: {d.line()}")
+    self.writer.write(self.learner.version, "compile", d.as_metrics(f"compile/{stage}/"))
 
   def demos_dir(self) -> str:
     return self.c.demos.data_dir or os.path.join(self.workdir, "demos")
