@@ -23,6 +23,7 @@ from mtrl_jax.credit.batch import CreditBatch
 from mtrl_jax.credit.losses import PolicyLossConfig
 from mtrl_jax.credit.regularizers import kl_reward_penalty
 from mtrl_jax.credit.shaping import informative_groups_np
+from mtrl_jax.credit.shuffle import shuffle_advantages
 from mtrl_jax.models import lora
 from mtrl_jax.credit.step_groups import step_group_stats
 from mtrl_jax.parallel.batch import num_batch_shards, put_global_batch
@@ -258,6 +259,9 @@ class Learner:
     batch = credit_batch(pb, values_bt if self.has_values else None)._replace(reward_bt=reward,
                                                                               **self._turn_fields(pb))
     adv, target = self._adv(batch)
+    if rl.get("shuffle_advantages", False):  # the study's positive control: same advantages, pairing broken
+      adv = shuffle_advantages(adv, batch.loss_mask_bt, jax.random.fold_in(jax.random.key(self.c.seed + 31),
+                                                                          self.version))
     if target is None:
       target = self._mc_targets(batch)
     return adv, target
