@@ -177,13 +177,15 @@ def test_rendering_equals_transformers(folders, name):
 
 
 def test_template_that_strips_think_blocks_is_detected(folders):
-  """History rewriting: the second prefill cannot extend the cache. Break
+  """History rewriting: the second prefill cannot extend the cache (the
+  engines end such a session: tests/rollout/test_rewritten_replies.py). Break
   checked: without the prefix check the engine would prefill the rest of the
   rendering after a prefix that is not the cache's (ids silently wrong)."""
   tok = HFTokenizer(folders["think"])
   episode = [("peek or skip?", ("<think>peeking costs little</think>peek", "stop")), ("Say q.", ("q", "stop"))]
-  with pytest.raises(BrokenPrefixError, match=r"turn 1: .*does not extend.*peeking costs"):
+  with pytest.raises(BrokenPrefixError, match=r"turn 1: .*rewrites the reply of turn 0.*peeking costs") as e:
     _play(tok, None, episode, LAST_OBS)
+  assert e.value.cause == "reply" and e.value.turn == 1
   # Without a think block the same template keeps every prefix.
   _play(tok, None, [("peek or skip?", ("peek", "stop"))], LAST_OBS)
 
@@ -191,8 +193,9 @@ def test_template_that_strips_think_blocks_is_detected(folders):
 def test_trimming_template_with_whitespace_action_is_detected(folders):
   """Llama 3 trims message content: a sampled ' peek\\n' is rendered 'peek'."""
   tok = HFTokenizer(folders["llama3"])
-  with pytest.raises(BrokenPrefixError, match="turn 1"):
+  with pytest.raises(BrokenPrefixError, match="turn 1") as e:
     _play(tok, "p", [("peek or skip?", (" peek\n", "stop"))], LAST_OBS)
+  assert e.value.cause == "reply"
 
 
 def test_stop_ids_come_from_generation_config(folders, tmp_path):
