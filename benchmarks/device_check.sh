@@ -1,17 +1,160 @@
 #!/usr/bin/env bash
-# The accelerator part of the long-session work, in one call: cuDNN attention
-# against the reference (forward and gradients), then benchmarks/learner.py
-# --run (tokens/s and MFU of the RL update at T=8k, the largest T that fits).
-# Run from the repository root on a GPU machine whose python has jax with CUDA,
-# flax, optax and chex (no install of mtrl_jax needed: PYTHONPATH=.).
-#   bash benchmarks/device_check.sh [OUT_DIR]
+# The accelerator slice of the project in one prepared call (<= 9 minutes on
+# one H100), each stage under its own timeout, each writing OUT/<stage>.json
+# as it ends, then OUT/summary.json (every stage's record and the headline
+# numbers) and OUT/logs.tar.gz (8 files: what a device call brings back).
+#
+#   bash benchmarks/device_check.sh [OUT_DIR]            # on the GPU machine (OUT_DIR default $OUT)
+#   DRY_RUN=1 bash benchmarks/device_check.sh OUT_DIR    # CPU, every stage at a tiny size, GPU parts skipped
+#   bash benchmarks/device_check.sh --cpu-tiny OUT_DIR   # the same as DRY_RUN=1
+#
+# Stages, in order (the learner last: it takes the time that is left):
+#   weights        SmolLM2's HF folder: the GGUF joined from .device/gguf_part*
+#                  and checked by SHA-256 (weights "real"), else random weights
+#                  of its shape from .device/gguf_header (weights "random");
+#                  benchmarks/weights_transfer.py, docs/accelerator.md
+#   main_job       the README main job (configs/default.py); H100: 82 s
+#   smol           configs/smol.py in bfloat16 on those weights, 16 RL updates:
+#                  learning curve and seconds per update; H100 ~96 s with
+#                  attention=xla (SMOL_ATTENTION; cuDNN's training path wants
+#                  even lengths)
+#   bf16_mismatch  benchmarks/bf16_mismatch.py, if the tree has it
+#   rollout        benchmarks/rollout.py at a 24-layer shape (d=896, Qwen2.5-0.5B's
+#                  depth and width): continuous vs lockstep
+#   learner        benchmarks/learner.py --run: MFU at T=8k, then the largest T
+#                  (doubling) in the time left; read from its printed lines if
+#                  the timeout stops it
+# Run from the repository root. The wheels in .device/wheels (benchmarks/
+# device_wheels.sh) are installed into $WORK/site first; mtrl_jax itself runs
+# from PYTHONPATH=. (no install). Times: BUDGET_S (540) for the whole run;
+# each stage's cap below is its H100 estimate with room, and no stage may eat
+# into the LEARNER_MIN_S (100) kept for the learner. DRY_RUN: BUDGET_S 3600,
+# every cap DRY_CAP_S (1200).
 set -uo pipefail
+if [[ "${1:-}" == "--cpu-tiny" ]]; then DRY_RUN=1; shift; fi
+DRY_RUN=${DRY_RUN:-0}
 out=${1:-${OUT:-/tmp/device_check}}
-mkdir -p "$out"
-export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 XLA_PYTHON_CLIENT_PREALLOCATE=false
-nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv 2>&1 | tee "$out/gpu.txt"
-python3 -c "import jax, flax; print('jax', jax.__version__, 'flax', flax.__version__, jax.devices())" 2>&1 | tee -a "$out/gpu.txt"
-JAX_PLATFORMS=cuda timeout 240 python3 -m pytest -q -p no:cacheprovider tests/models/test_attention.py \
-  -k "cudnn or gpu" 2>&1 | tail -n 15 | tee "$out/attention_tests.txt"
-timeout "${LEARNER_TIMEOUT:-420}" python3 benchmarks/learner.py --run --skip-cpu-report \
-  --max-t "${MAX_T:-131072}" 2>&1 | grep -v "^W0000\|^I0000" | tee "$out/learner_gpu.txt"
+work=${WORK:-/tmp/device_check_work}
+src=${DEVICE_SRC:-$PWD/.device}
+LEARNER_MIN_S=${LEARNER_MIN_S:-100}
+if [[ "$DRY_RUN" == 1 ]]; then  # a loaded 2-core CPU: generous caps, the same code paths
+  c=${DRY_CAP_S:-1200}
+  : "${BUDGET_S:=3600}" "${CAP_WEIGHTS:=$c}" "${CAP_MAIN:=$c}" "${CAP_SMOL:=$c}" "${CAP_MISMATCH:=$c}" \
+    "${CAP_ROLLOUT:=$c}"
+fi
+: "${BUDGET_S:=540}" "${CAP_WEIGHTS:=90}" "${CAP_MAIN:=130}" "${CAP_SMOL:=160}" "${CAP_MISMATCH:=60}" \
+  "${CAP_ROLLOUT:=90}" "${CAP_LEARNER:=600}"
+SMOL_ATTENTION=${SMOL_ATTENTION:-xla}
+mkdir -p "$out" "$work/logs"
+out=$(cd "$out" && pwd)
+rm -f "$out"/*.json "$out/logs.tar.gz"
+start=$SECONDS
+export PYTHONUNBUFFERED=1 XLA_PYTHON_CLIENT_PREALLOCATE=false
+export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
+if [[ "$DRY_RUN" == 1 ]]; then
+  export JAX_PLATFORMS=cpu
+  LEARNER_MIN_S=0
+fi
+say() { echo "[device_check $(date -u +%H:%M:%S) +$((SECONDS - start))s] $*"; }
+
+# The wheels the image lacks (CPython 3.12 builds: not for the dry run's python).
+if [[ "$DRY_RUN" != 1 ]] && ls "$src"/wheels/*.whl >/dev/null 2>&1; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+    --target "$work/site" "$src"/wheels/*.whl >"$work/logs/wheels.log" 2>&1 \
+    && export PYTHONPATH=$PYTHONPATH:$work/site \
+    || { say "wheel install failed:"; tail -n 5 "$work/logs/wheels.log"; }
+fi
+{ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>/dev/null || echo "no nvidia-smi"; } \
+  >"$work/gpu.txt"
+python3 - "$work/env.json" "$DRY_RUN" "$work/gpu.txt" <<'EOF' || echo '{}' >"$work/env.json"
+import json, platform, sys
+out = {"dry_run": sys.argv[2] == "1", "gpu": open(sys.argv[3]).read().strip(), "python": platform.python_version()}
+try:
+  import jax, flax
+  out.update(jax=jax.__version__, flax=flax.__version__, backend=jax.default_backend(),
+             devices=[d.device_kind for d in jax.devices()])
+except Exception as e:  # recorded, and the stages say what fails
+  out["jax_error"] = repr(e)
+json.dump(out, open(sys.argv[1], "w"))
+EOF
+say "env: $(cat "$work/env.json")"
+
+# run_stage NAME CAP RESERVE WORKDIR CMD...: CMD under timeout min(CAP, budget left - RESERVE).
+run_stage() {
+  local name=$1 cap=$2 reserve=$3 wd=$4; shift 4
+  local left=$((BUDGET_S - (SECONDS - start) - reserve))
+  local t=$((cap < left ? cap : left))
+  if ((t < 10)); then
+    skip_stage "$name" "no time left in BUDGET_S=$BUDGET_S (${left}s after keeping ${reserve}s)"
+    return
+  fi
+  say "$name: up to ${t}s: $*"
+  local t0=$SECONDS
+  timeout --kill-after=10 "$t" "$@" >"$work/logs/$name.log" 2>&1
+  local rc=$?
+  python3 benchmarks/device_report.py stage "$name" --log "$work/logs/$name.log" --rc "$rc" \
+    --seconds "$((SECONDS - t0))" --timeout "$t" ${wd:+--workdir "$wd"} --out "$out/$name.json"
+  if ((rc != 0)); then say "$name: exit $rc; its log ends:"; tail -n 8 "$work/logs/$name.log"; fi
+}
+skip_stage() {
+  say "$1: skipped ($2)"
+  python3 benchmarks/device_report.py stage "$1" --skip "$2" --out "$out/$1.json" >/dev/null
+}
+
+hf=$work/smol_hf
+rm -rf "$work/main" "$work/smol" "$hf"
+if [[ "$DRY_RUN" == 1 ]]; then
+  layers=(--layers 2)
+  main_cfg=configs/default.py:runlocal=true
+  smol_cfg="configs/smol.py:hf_dir=$hf,runlocal=true"
+  tiny_run=(--config.rl.steps=2 --config.sft.steps=2 --config.eval.tasks=2 --config.demos.episodes=16)
+  rollout_args=(--tasks 2 --group 2 --rows 2 --reps 1 --dim 32 --layers 1 --max_turns 2 --budget 16
+                --latency_ms 1 --prompt_chars 40)
+  mismatch_args=(--tiny)
+else
+  layers=()
+  main_cfg=configs/default.py
+  smol_cfg="configs/smol.py:hf_dir=$hf"
+  tiny_run=()
+  rollout_args=(--layers 24 --dim 896 --rows 16 --reps 1 --warmups 1)
+  mismatch_args=()
+fi
+
+run_stage weights "$CAP_WEIGHTS" "$LEARNER_MIN_S" "" \
+  python3 benchmarks/weights_transfer.py materialize --src "$src" --out "$hf" --work "$work" "${layers[@]}"
+
+run_stage main_job "$CAP_MAIN" "$LEARNER_MIN_S" "$work/main" \
+  python3 -m mtrl_jax.main --config="$main_cfg" --workdir="$work/main" "${tiny_run[@]}"
+
+if [[ -f "$hf/config.json" ]]; then
+  run_stage smol "$CAP_SMOL" "$LEARNER_MIN_S" "$work/smol" \
+    python3 -m mtrl_jax.main --config="$smol_cfg" --workdir="$work/smol" --config.model.dtype=bfloat16 \
+    --config.model.attention="$SMOL_ATTENTION" "${tiny_run[@]}"
+else
+  skip_stage smol "no SmolLM2 folder: the weights stage failed"
+fi
+
+if [[ -f benchmarks/bf16_mismatch.py ]]; then
+  hf_arg=()
+  if grep -q -- "--hf_dir" benchmarks/bf16_mismatch.py && [[ -f "$hf/config.json" ]]; then hf_arg=(--hf_dir "$hf"); fi
+  run_stage bf16_mismatch "$CAP_MISMATCH" "$LEARNER_MIN_S" "" \
+    python3 benchmarks/bf16_mismatch.py "${mismatch_args[@]}" "${hf_arg[@]}"
+else
+  skip_stage bf16_mismatch "benchmarks/bf16_mismatch.py is not in this tree"
+fi
+
+run_stage rollout "$CAP_ROLLOUT" "$LEARNER_MIN_S" "" python3 benchmarks/rollout.py "${rollout_args[@]}"
+
+if [[ "$DRY_RUN" == 1 ]]; then
+  skip_stage learner "dry run: the learner at T=8k and beyond needs an accelerator"
+else
+  run_stage learner "$CAP_LEARNER" 5 "" \
+    python3 benchmarks/learner.py --run --skip-cpu-report --max-t "${MAX_T:-131072}"
+fi
+
+cp "$work/env.json" "$work/logs/env.json" 2>/dev/null
+tar -czf "$out/logs.tar.gz" -C "$work" logs
+dry=(); [[ "$DRY_RUN" == 1 ]] && dry=(--dry-run)
+python3 benchmarks/device_report.py summary --dir "$out" --env "$work/env.json" --budget "$BUDGET_S" \
+  --seconds "$((SECONDS - start))" "${dry[@]}"
+say "done: $out/summary.json"

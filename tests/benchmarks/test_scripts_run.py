@@ -59,7 +59,10 @@ CHAINED = {"experiments/sweep.py", "experiments/summarize.py", "experiments/plot
            # tests/benchmarks/test_tree_bench.py::test_tree_benchmark_json_line
            "benchmarks/tree_rollouts.py",
            # needs the converted real model: `test_pretrained_memory_on_the_real_model` below
-           "benchmarks/pretrained_memory.py"}
+           "benchmarks/pretrained_memory.py",
+           # the accelerator run's helpers: run by benchmarks/device_check.sh in
+           # tests/benchmarks/test_device_check.py, split/join in test_weights_transfer.py
+           "benchmarks/weights_transfer.py", "benchmarks/device_report.py"}
 
 
 def user_env() -> dict:

@@ -1,8 +1,8 @@
 """benchmarks/weights_transfer.py: a file cut into parts with SHA-256 sums and joined back.
 
 Breaks checked (each made by hand, the test seen failing, then undone):
-- `plan_parts` with `range(0, total - 1, part_bytes)` (the last byte dropped):
-  `test_parts_cover_the_file` and `test_split_then_join_gives_the_same_bytes` fail.
+- `plan_parts` with `range(0, total - 1, part_bytes)` (a last part of one byte
+  dropped): `test_parts_cover_the_file` fails (hypothesis finds total = part + 1).
 - `check_parts` without the per-part hash comparison: the corrupt part is
   reported only by the whole-file sum, without its index, and
   `test_a_corrupt_part_fails_naming_it` fails on the message.

@@ -1,0 +1,151 @@
+"""benchmarks/device_check.sh (the accelerator run) and benchmarks/device_report.py (its records).
+
+The quick tests read synthetic logs and workdirs and run the script with no
+time left (every stage skipped, the summary still written); the slow test is
+the CPU dry run, every stage at a tiny size with the GPU-only learner
+skipped, on the real SmolLM2 parts joined by SHA-256.
+
+Breaks checked (each made by hand, the test seen failing, then undone):
+- `run_record` building the curve from the updates only (the step-0 evaluation
+  of the warm start dropped): `test_run_record_reads_curve_and_update_seconds` fails.
+- `_TRY` without the `fails` branch: `test_learner_record_from_a_log_cut_by_the_timeout`
+  fails (the failed T=65536 attempt is not listed).
+- `stage_record` calling 137 (killed after --kill-after) "failed":
+  `test_stage_status_from_exit_code` fails.
+- device_check.sh's `run_stage` without the `t < 10` skip (a stage started
+  with a zero or negative timeout): `test_no_time_left_skips_every_stage_and_still_summarises`
+  fails (statuses are not "skipped").
+"""
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+SCRIPT = os.path.join(REPO, "benchmarks", "device_check.sh")
+
+
+def _load(name):
+  spec = importlib.util.spec_from_file_location(name, os.path.join(REPO, "benchmarks", f"{name}.py"))
+  mod = importlib.util.module_from_spec(spec)
+  sys.modules[name] = mod
+  spec.loader.exec_module(mod)
+  return mod
+
+
+dr = _load("device_report")
+
+EXPECTED_FILES = {f"{s}.json" for s in dr.STAGES} | {"summary.json", "logs.tar.gz"}
+
+
+def test_run_record_reads_curve_and_update_seconds(tmp_path):
+  recs = [{"step": 0, "stage": "demos"},
+          {"step": 2, "stage": "sft", "sft/loss": 1.0},
+          {"step": 0, "stage": "rl", "eval/success": 0.25},  # the warm start's evaluation: not an update
+          {"step": 1, "stage": "rl", "time/step_s": 40.5, "rollout/success": 0.5, "rollout/return": 0.4},
+          {"step": 2, "stage": "rl", "time/step_s": 0.25, "rollout/success": 0.75, "rollout/return": 0.7,
+           "eval/success": 0.875},
+          {"step": 2, "stage": "eval", "eval/success": 0.9, "eval/greedy_success": 1.0}]
+  (tmp_path / "metrics.jsonl").write_text("\n".join(json.dumps(r) for r in recs) + '\n{"step": 3, "sta')
+  r = dr.run_record(str(tmp_path))
+  assert r["rl_updates"] == 2
+  assert r["update_s"] == [40.5, 0.25]
+  assert (r["first_update_s"], r["median_update_s_after_first"]) == (40.5, 0.25)
+  assert r["curve"] == [{"step": 0, "eval/success": 0.25},
+                        {"step": 1, "rollout/success": 0.5, "rollout/return": 0.4},
+                        {"step": 2, "rollout/success": 0.75, "rollout/return": 0.7, "eval/success": 0.875}]
+  assert r["final"] == {"eval/success": 0.9, "eval/greedy_success": 1.0}
+  assert r["sft_steps"] == 2
+
+
+def test_learner_record_from_a_log_cut_by_the_timeout():
+  log = ("compiling ...\n  on NVIDIA H100 80GB HBM3: T=8192 38600 tok/s, 279 TFLOP/s, MFU 0.2821\n"
+         "  T=16384: runs, 0.53 s per update, 30912 tok/s, MFU 0.307\n"
+         "  T=32768: runs, 1.41 s per update, 23240 tok/s, MFU 0.3\n"
+         "  T=65536: fails (XlaRuntimeError: RESOURCE_EXHAUSTED: Out of memory)\n")
+  r = dr.learner_record(log)
+  assert r["device"] == "NVIDIA H100 80GB HBM3"
+  assert (r["rl_tok_s_t8k"], r["rl_tflops_t8k"], r["rl_mfu_t8k"]) == (38600.0, 279.0, 0.2821)
+  assert r["max_t_fit"] == 32768
+  assert [(t["seq_len"], t["ok"]) for t in r["max_t_tried"]] == [(16384, True), (32768, True), (65536, False)]
+  assert r["max_t_tried"][1]["step_s"] == 1.41
+  # the finished run's JSON line wins over the printed lines
+  done = log + json.dumps({"rl_mfu_t8k": 0.29, "rl_tok_s_t8k": 1.0, "max_t_fit": 65536, "date": "x"}) + "\n"
+  assert dr.learner_record(done) == {"rl_mfu_t8k": 0.29, "rl_tok_s_t8k": 1.0, "max_t_fit": 65536}
+
+
+def test_rollout_record_partial_and_whole():
+  log = "  lockstep: 11.31 s (reps [11.3], warm-up 30.1 s, 0 new shapes)\n  continuous r=16: 3.78 s (reps [3.78], x)\n"
+  assert dr.rollout_record(log) == {"partial": True, "arm_wall_s": {"lockstep": 11.31, "continuous r=16": 3.78}}
+  whole = log + json.dumps({"sessions_per_s_ratio": 3.0, "args": {"a": 1}}) + "\n"
+  assert dr.rollout_record(whole) == {"sessions_per_s_ratio": 3.0}
+
+
+def test_stage_status_from_exit_code():
+  assert [dr.stage_record("weights", "{}", rc, 1, 9, None, None)["status"] for rc in (0, 1, 124, 137)] == \
+      ["ok", "failed", "timeout", "timeout"]
+  rec = dr.stage_record("bf16_mismatch", "a table\n" + json.dumps({"mismatch_share": 0.031}), 0, 12.4, 60, None,
+                        None)
+  assert rec["result"] == {"mismatch_share": 0.031} and rec["seconds"] == 12.4 and "log_tail" not in rec
+  skipped = dr.stage_record("learner", "", 0, 0, 0, None, "dry run")
+  assert (skipped["status"], skipped["reason"]) == ("skipped", "dry run")
+
+
+def _run(out, env_over, timeout):
+  env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS",)}
+  env.update(env_over)
+  p = subprocess.run(["bash", SCRIPT, str(out)], cwd=REPO, env=env, capture_output=True, text=True,
+                     timeout=timeout)
+  assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+  return json.load(open(out / "summary.json")), p.stdout
+
+
+def test_no_time_left_skips_every_stage_and_still_summarises(tmp_path):
+  """BUDGET_S=5: nothing may start; every record and the summary still come back, in at most 8 files."""
+  summary, stdout = _run(tmp_path / "out", {"DRY_RUN": "1", "BUDGET_S": "5", "WORK": str(tmp_path / "w"),
+                                            "DEVICE_SRC": str(tmp_path / "nothing")}, 300)
+  assert sorted(os.listdir(tmp_path / "out")) == sorted(EXPECTED_FILES)
+  assert summary["status"] == {s: "skipped" for s in dr.STAGES}
+  assert summary["dry_run"] is True and summary["budget_s"] == 5
+  assert "no time left" in summary["stages"]["main_job"]["reason"]
+
+
+@pytest.mark.slow
+def test_cpu_dry_run_every_stage(tmp_path):
+  """The whole script on CPU at a tiny size, with SmolLM2's GGUF split as for the device calls."""
+  pytest.importorskip("tokenizers", reason="the SmolLM2 folder's tokenizer.json needs tokenizers (.[hf])")
+  wt = _load("weights_transfer")
+  from mtrl_jax.models import gguf_convert
+  try:
+    gguf = gguf_convert.find_gguf("smollm2")
+    wt.import_gguf()
+  except (FileNotFoundError, ImportError) as e:
+    pytest.skip(str(e))
+  src = tmp_path / "device"
+  m = wt.split_file(gguf, str(src), 56 * wt.MIB)
+  wt.write_header(gguf, str(src))
+  out = tmp_path / "out"
+  summary, stdout = _run(out, {"DRY_RUN": "1", "BUDGET_S": "3000", "WORK": str(tmp_path / "w"),
+                               "DEVICE_SRC": str(src)}, 3300)
+  assert sorted(os.listdir(out)) == sorted(EXPECTED_FILES)
+  st = summary["status"]
+  assert st["learner"] == "skipped"
+  assert st["bf16_mismatch"] in ("ok", "skipped")
+  assert {k: st[k] for k in ("weights", "main_job", "smol", "rollout")} == dict.fromkeys(
+      ("weights", "main_job", "smol", "rollout"), "ok"), stdout[-3000:]
+  w = summary["stages"]["weights"]["result"]
+  assert (w["weights"], w["gguf_sha256"], w["n_layers"], w["parts"]) == (
+      "real", hashlib.sha256(open(gguf, "rb").read()).hexdigest(), 2, len(m.parts))
+  for job in ("main_job", "smol"):
+    r = summary["stages"][job]["result"]
+    assert r["rl_updates"] == 2 and len(r["update_s"]) == 2 and "eval/success" in r["final"], (job, r)
+  assert summary["headline"]["weights"] == "real"
+  assert summary["stages"]["rollout"]["result"]["sessions_per_s_ratio"] > 0
+  smol_cfg = json.load(open(tmp_path / "w" / "smol" / "config.json"))
+  assert smol_cfg["model"]["dtype"] == "bfloat16" and smol_cfg["model"]["n_layers"] == 2
