@@ -1,7 +1,8 @@
 """A real model shape with long sessions: Qwen2.5-0.5B, flash-style attention, remat, scan, chunked vocab.
 
 The shape of Qwen2.5-0.5B (24 layers, d=896, 14 heads / 2 kv heads, vocab
-151,936; bf16 compute, fp32 weights) with every long-session switch on:
+151,936; `model.dtype="auto"`: bf16 compute on GPU/TPU, fp32 on CPU, fp32
+weights and optimiser state everywhere) with every long-session switch on:
 `model.attention=auto` (cuDNN flash on GPU, Pallas splash on TPU, blockwise
 online softmax on CPU), `model.remat=full` (each block recomputed in the
 backward pass), `model.scan_layers=True` (one compiled block for all 24) and
@@ -24,7 +25,7 @@ from mtrl_jax.config_args import parse_args
 
 QWEN2_5_0_5B = dict(vocab_size=151_936, dim=896, n_layers=24, n_heads=14, n_kv_heads=2, head_dim=64,
                     mlp_dim=4864, rope_theta=1_000_000.0, norm_eps=1e-6, qkv_bias=True,
-                    tie_embeddings=True, dtype="bfloat16", param_dtype="float32")
+                    tie_embeddings=True, dtype="auto", param_dtype="float32")
 LONG_SESSIONS = dict(attention="auto", remat="full", scan_layers=True, logits_chunk=1024)
 
 

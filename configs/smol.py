@@ -15,6 +15,9 @@ Run:
   python -m mtrl_jax.main --config=configs/smol.py:hf_dir=/path/to/Qwen2.5-0.5B-Instruct --workdir=...
   python -m mtrl_jax.main --config=configs/smol.py:env=bifurcation --workdir=...
   python -m mtrl_jax.main --config=configs/smol.py:runlocal=true --workdir=...   (smoke size)
+Precision: `model.dtype="auto"` computes in bfloat16 on a GPU/TPU and float32 on a
+CPU, with float32 weights and optimiser state on both; `--config.model.dtype=float32`
+or `=bfloat16` forces one.
 Args: hf_dir, env (memory | bifurcation | keydoor | repair | textarena), horizon
 (memory/bifurcation distractor turns), estimator (ms_grpo | grpo | gae ...; gae
 adds a critic), seed, runlocal. Measured result and curve: README.md "Real model".
@@ -49,7 +52,10 @@ def get_config(arg=None):
   c.hf_dir = a["hf_dir"]
   # The shape comes from hf_dir's config.json (train/run.py records it in the
   # workdir's config.json); these are the runtime switches.
-  c.model.update(dict(dtype="float32", param_dtype="float32", attention="auto", scan_layers=True,
+  # Precision: "auto" = bf16 compute on GPU/TPU, fp32 on CPU; fp32 master weights and
+  # optimiser state everywhere (models/config.py resolve_precision). --config.model.dtype=float32
+  # (or bfloat16) overrides.
+  c.model.update(dict(dtype="auto", param_dtype="float32", attention="auto", scan_layers=True,
                       remat="dots", logits_chunk=128))
   c.env.name = a["env"]
   c.env.kwargs = env_for(a["env"], a["horizon"])

@@ -31,6 +31,8 @@ def base_config() -> ml_collections.ConfigDict:
   c.model = ml_collections.ConfigDict(dict(
       vocab_size=264, dim=64, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=16, mlp_dim=192,
       rope_theta=10_000.0, norm_eps=1e-6, qkv_bias=False, tie_embeddings=True,
+      # Precision: dtype = compute (float32 | bfloat16 | float16 | auto: bf16 on GPU/TPU,
+      # fp32 on CPU); param_dtype = weights and optimiser state (auto = float32).
       dtype="float32", param_dtype="float32",
       attention="auto",  # training-path kernel: auto | xla | cudnn | splash | blockwise
       attention_block=512,

@@ -9,6 +9,28 @@ from mtrl_jax.models.attention import ATTENTION_IMPLS
 from mtrl_jax.models.lora import OFF, LoraConfig
 
 _DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
+# The precision switch: `dtype="auto"` computes in bfloat16 where the backend
+# has fast bf16 matmuls (GPU, TPU) and in float32 on CPU (where bf16 is
+# emulated, slower than fp32); `param_dtype="auto"` is float32 everywhere:
+# master weights, and with them the optimiser state (optax keeps Adam's
+# moments in the parameters' dtype), stay fp32, so small updates are not
+# rounded away. An explicit "float32" / "bfloat16" / "float16" overrides.
+AUTO = "auto"
+ACCELERATORS = ("gpu", "tpu")
+
+
+def resolve_precision(dtype: str, param_dtype: str, platform: str) -> tuple[str, str]:
+  """(compute dtype, weight dtype) names for `platform`; "auto" as above, anything else kept."""
+  if dtype == AUTO:
+    dtype = "bfloat16" if platform in ACCELERATORS else "float32"
+  if param_dtype == AUTO:
+    param_dtype = "float32"
+  return dtype, param_dtype
+
+
+def _platform() -> str:
+  import jax  # only a config that says "auto" asks the backend
+  return jax.default_backend()
 # What a rematerialised block keeps from its forward for the backward (the
 # jax.checkpoint_policies behind each name are in transformer.py):
 #   none           no remat: every intermediate is kept (fastest, most memory)
@@ -22,7 +44,8 @@ REMAT_POLICIES = ("none", "full", "dots", "dots_no_batch")
 # Fields that a Hugging Face checkpoint does not fix: how the model runs
 # (kernel, layout, remat, chunking) and whether it carries LoRA adapters; a
 # checkpoint fixes every other field, these stay the user's choice.
-RUNTIME_FIELDS = ("attention", "attention_block", "scan_layers", "remat", "logits_chunk", "lora")
+# param_dtype too: a checkpoint's storage dtype is not how we keep master weights.
+RUNTIME_FIELDS = ("param_dtype", "attention", "attention_block", "scan_layers", "remat", "logits_chunk", "lora")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -44,8 +67,10 @@ class ModelConfig:
   norm_eps: float = 1e-6
   qkv_bias: bool = False
   tie_embeddings: bool = True
-  dtype: str = "float32"  # activations / matmul inputs
-  param_dtype: str = "float32"  # stored weights
+  # "auto" is resolved at construction (resolve_precision): the record then
+  # holds the dtype that runs.
+  dtype: str = "float32"  # activations / matmul inputs; or "auto": bf16 on GPU/TPU, fp32 on CPU
+  param_dtype: str = "float32"  # stored weights (and optimiser state); "auto" = float32
   # Training-path (no KV cache) attention kernel; see mtrl_jax/models/attention.py.
   attention: str = "auto"
   attention_block: int = 512  # q and kv block size of the blockwise / splash kernels
@@ -64,6 +89,10 @@ class ModelConfig:
 
   def __post_init__(self):
     object.__setattr__(self, "lora", LoraConfig.from_any(self.lora))
+    if AUTO in (self.dtype, self.param_dtype):
+      dtype, param_dtype = resolve_precision(self.dtype, self.param_dtype, _platform())
+      object.__setattr__(self, "dtype", dtype)
+      object.__setattr__(self, "param_dtype", param_dtype)
     for name in ("vocab_size", "dim", "n_layers", "n_heads", "n_kv_heads", "head_dim", "mlp_dim",
                  "attention_block"):
       if getattr(self, name) <= 0:
@@ -80,7 +109,8 @@ class ModelConfig:
       raise ValueError(f"ModelConfig.attention={self.attention!r}; choose one of {ATTENTION_IMPLS}")
     for name in ("dtype", "param_dtype"):
       if getattr(self, name) not in _DTYPES:
-        raise ValueError(f"ModelConfig.{name}={getattr(self, name)!r}; choose one of {sorted(_DTYPES)}")
+        raise ValueError(f"ModelConfig.{name}={getattr(self, name)!r}; choose one of "
+                         f"{sorted(_DTYPES) + [AUTO]}")
     if self.remat not in REMAT_POLICIES:
       raise ValueError(f"ModelConfig.remat={self.remat!r}; choose one of {list(REMAT_POLICIES)}")
     if not isinstance(self.scan_layers, bool):

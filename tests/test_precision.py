@@ -1,0 +1,112 @@
+"""The precision switch (models/config.py resolve_precision, `model.dtype="auto"`):
+bf16 compute with fp32 weights and optimiser state on GPU/TPU, fp32 on CPU.
+
+The platform is passed (or stood in) explicitly, so the accelerator defaults
+are checked on this CPU.
+"""
+import dataclasses
+import os
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+from flax import nnx
+
+from mtrl_jax import config as config_lib
+from mtrl_jax.models import config as model_config
+from mtrl_jax.models.config import RUNTIME_FIELDS, ModelConfig, resolve_precision
+from mtrl_jax.models.transformer import Transformer
+from mtrl_jax.train import optim
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+@pytest.mark.parametrize("platform,want", [("gpu", "bfloat16"), ("tpu", "bfloat16"), ("cpu", "float32")])
+def test_auto_resolves_per_platform(platform, want):
+  """auto: bf16 compute on accelerators, fp32 on CPU; weights fp32 everywhere;
+  an explicit dtype is kept on every platform. Catches (checked by a temporary
+  edit) "auto" resolving to bf16 on CPU, or param_dtype "auto" following the
+  compute dtype (bf16 master weights)."""
+  assert resolve_precision("auto", "float32", platform) == (want, "float32")
+  assert resolve_precision("auto", "auto", platform) == (want, "float32")
+  for explicit in ("float32", "bfloat16", "float16"):
+    assert resolve_precision(explicit, "float32", platform) == (explicit, "float32")
+  assert resolve_precision("bfloat16", "bfloat16", platform) == ("bfloat16", "bfloat16")
+
+
+def _get_config(name, arg=None):
+  sys.path.insert(0, ROOT)
+  import importlib
+  return importlib.import_module(f"configs.{name}").get_config(arg)
+
+
+def test_real_model_configs_default_to_auto_and_default_stays_fp32():
+  """configs/smol.py and configs/scale.py say "auto" (bf16 on accelerators) with
+  fp32 weights; configs/default.py (CPU byte model) is float32/float32 as before,
+  and on this CPU "auto" builds the fp32 model the smol job always ran."""
+  for name in ("smol", "scale"):
+    c = _get_config(name)
+    assert (c.model.dtype, c.model.param_dtype) == ("auto", "float32"), name
+  d = _get_config("default")
+  assert (d.model.dtype, d.model.param_dtype) == ("float32", "float32")
+  mc = ModelConfig.from_dict(_get_config("scale").model)
+  assert jax.default_backend() == "cpu" and (mc.dtype, mc.param_dtype) == ("float32", "float32")
+
+
+def test_bad_precision_names_the_field():
+  c = _get_config("default")
+  c.model.dtype = "bf16"
+  with pytest.raises(ValueError, match=r"config.model: ModelConfig.dtype='bf16'.*auto"):
+    config_lib.validate(c)
+  c.model.dtype, c.model.param_dtype = "auto", "fp8"
+  with pytest.raises(ValueError, match=r"config.model: ModelConfig.param_dtype='fp8'"):
+    config_lib.validate(c)
+
+
+def test_checkpoint_dtype_does_not_set_master_weights():
+  """With an HF folder (train/run.py: the checkpoint's config + our runtime
+  fields), `--config.model.dtype=bfloat16` keeps config.model.param_dtype
+  (float32) for the weights; hf.config_from_hf alone would store them in bf16.
+  Catches (checked) param_dtype missing from RUNTIME_FIELDS."""
+  from mtrl_jax.models.hf import config_from_hf
+  hf = {"architectures": ["LlamaForCausalLM"], "vocab_size": 64, "hidden_size": 32, "num_hidden_layers": 1,
+        "num_attention_heads": 4, "num_key_value_heads": 2, "intermediate_size": 48, "rope_theta": 1e4,
+        "rms_norm_eps": 1e-6, "tie_word_embeddings": True}
+  c = _get_config("smol")
+  c.model.dtype = "bfloat16"
+  got = dataclasses.replace(config_from_hf(hf, dtype=c.model.dtype), **{k: c.model[k] for k in RUNTIME_FIELDS})
+  assert (got.dtype, got.param_dtype) == ("bfloat16", "float32")
+
+
+def test_auto_on_gpu_trains_bf16_with_fp32_weights_and_adam_state(monkeypatch):
+  """On a (stood-in) GPU platform a ModelConfig with dtype "auto" computes in
+  bf16 (hidden states), keeps fp32 parameters, fp32 Adam moments, and one
+  optimiser step leaves every parameter fp32 and changed.
+  Catches (checked) "auto" resolving to fp32 on GPU."""
+  monkeypatch.setattr(model_config, "_platform", lambda: "gpu")
+  cfg = ModelConfig(vocab_size=32, dim=16, n_layers=1, n_heads=2, n_kv_heads=1, head_dim=8, mlp_dim=24,
+                    dtype="auto", param_dtype="auto", attention="xla")
+  assert (cfg.dtype, cfg.param_dtype) == ("bfloat16", "float32")
+  model = Transformer(cfg, rngs=nnx.Rngs(0))
+  graphdef, params = nnx.split(model, nnx.Param)
+  tokens = jnp.asarray(np.arange(10).reshape(1, 10) % 32)
+  h, _ = model.hidden(tokens)
+  assert h.dtype == jnp.bfloat16
+
+  def loss(p):
+    logits, _ = nnx.merge(graphdef, p)(tokens)
+    return jnp.mean(jax.nn.logsumexp(logits.astype(jnp.float32), -1))
+
+  tx = optim.adamw(1e-2, total_steps=10)
+  state = tx.init(params)
+  grads = jax.grad(loss)(params)
+  updates, state = tx.update(grads, state, params)
+  new = optax.apply_updates(params, updates)
+  leaves = lambda tree: [x for x in jax.tree.leaves(tree) if hasattr(x, "dtype") and x.ndim > 0]
+  assert all(x.dtype == jnp.float32 for x in leaves(params))
+  assert all(x.dtype == jnp.float32 for x in leaves(state))  # Adam mu and nu
+  assert all(x.dtype == jnp.float32 for x in leaves(new))
+  assert any(not np.array_equal(np.asarray(a), np.asarray(b)) for a, b in zip(leaves(params), leaves(new)))
