@@ -145,8 +145,11 @@ class ValuePretrainer:
     self.o_sh = opt_state_shardings(self.tx, self.params, self.p_sh, L.mesh)
     step = make_value_fit_step(L.policy_gd, L.critic_gd, self.tx)
     rep = replicated(L.mesh)
+    # A value head's params are the whole policy, whose trunk arrays the sampler holds
+    # (and plays the next round with): donating them deleted the sampler's weights (a
+    # crash in the second round's rollouts). Only the optimiser state is donated then.
     self._step = jax.jit(step, in_shardings=(self.p_sh, self.o_sh, None), out_shardings=(self.p_sh, self.o_sh, rep),
-                         donate_argnums=(0, 1))
+                         donate_argnums=(1,) if self.head else (0, 1))
 
   # The critic's parameters and the slot its optimiser state lives in during the stage.
   @property
