@@ -2,7 +2,7 @@
 
   python experiments/study.py --root /tmp/study --parallel 2 --probes --lab  # everything, resumable
   python experiments/study.py --root /tmp/study --only E2 --dry_run  # the commands of one experiment
-  python experiments/report.py --root /tmp/study                     # -> docs/STUDY.md + docs/study/*.png
+  python experiments/report.py                                       # docs/study/ -> docs/STUDY.md + figures
 
 Each experiment names its question, the published claim and its source, its
 cells (argument sets of configs/study.py) and the comparisons the claim makes
@@ -11,7 +11,16 @@ ROOT/runs/<cell name>,seed=<s>; a cell used by several experiments (the
 synchronous GRPO cell is E1's and E2's) is run once. Every RL run of a probe
 starts from that probe's warm start, ROOT/warm/<probe>,horizon=<h> (built first,
 once). A relaunch of the same command skips finished runs (a final `eval` line
-in metrics.jsonl) and resumes the others from their checkpoints.
+in metrics.jsonl) and resumes the others from their checkpoints. Every finished
+run, warm start and critic warm start leaves a small record in the repo,
+docs/study/{runs,warm,critics}/ (experiments/records.py; `--records` moves or
+turns them off): the report reads only those.
+
+Every experiment carries a positive control: a pair whose difference must
+exist if the design can see anything (the experiment's reference arm against
+the same arm with its advantages shuffled within the batch). The report
+judges the claims by paired per-seed differences (experiments/stats.py) and
+calls an experiment whose control does not separate "underpowered".
 
 The probe table (`--probes`) builds the warm start of every probe task and
 reports how often it succeeds: how much the study leaves RL to fix.
@@ -38,6 +47,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from sweep import REPO, command, is_done, run_one  # noqa: E402
 
 from mtrl_jax import compile_cache  # noqa: E402
+import records  # noqa: E402
 from mtrl_jax.metrics import read_metrics  # noqa: E402
 
 CONFIG = "configs/study.py"
@@ -45,7 +55,7 @@ SEEDS = tuple(range(8))
 # configs/study.py's defaults for the keys a cell may set; a cell's name lists
 # probe, horizon and arm always, the other keys only where they differ.
 DEFAULTS = {"probe": "bifurcation", "horizon": 8, "arm": "grpo", "lp": -1.0, "lc": -1.0, "eta": 0,
-            "decoupled": True, "vp": True, "context": "session"}
+            "decoupled": True, "vp": True, "context": "session", "shuffle": False}
 ALWAYS = ("probe", "horizon", "arm")
 # Every probe task with the horizon its warm start is measured at (the probe table).
 PROBES = (("memory", 4), ("memory", 8), ("bifurcation", 2), ("bifurcation", 8), ("keydoor", 5),
@@ -98,6 +108,12 @@ class Experiment:
   note: str = ""  # what the setup changes from the paper's, in a sentence
   figure: str = "curves"  # curves: success vs tokens per cell | bars: final success per cell
   seeds: tuple = SEEDS  # the seeds every cell runs
+  # Positive controls (real, shuffled): the reference arm beats its advantages shuffled within the
+  # batch wherever RL can be measured at all; one per probe the experiment runs on.
+  controls: tuple[tuple[str, str], ...] = ()
+  # Contrasts that isolate one factor, (a, b, factor): reported with the claims (and in their Holm
+  # family) but judged as differences, not as a published claim.
+  factors: tuple[tuple[str, str, str], ...] = ()
 
   def cell(self, label: str) -> Cell:
     for c in self.cells:
@@ -105,11 +121,27 @@ class Experiment:
         return c
     raise KeyError(f"{self.id}: no cell {label!r}")
 
+  def control_for(self, label: str) -> tuple[str, str] | None:
+    """The positive control a comparison of `label` is powered by: the only one, or the one on the
+    same probe (E6: the label's last word)."""
+    if len(self.controls) <= 1:
+      return self.controls[0] if self.controls else None
+    probe = self.cell(label).full["probe"]
+    return next((c for c in self.controls if self.cell(c[0]).full["probe"] == probe), None)
+
+
+def shuffled(cell: Cell, label: str) -> Cell:
+  """The cell with its advantages shuffled within the batch (the positive control's B side)."""
+  return Cell(label, {**cell.args, "shuffle": True})
+
 
 # E1's arms: the ones its claim compares (grpo is ms_grpo in the session layout). With 8 seeds and
 # 32 updates a cell, the other estimator families (rloo, return_to_go, turn_gae, bilevel_gae, tree) and
 # the short-horizon contrast are cut to fit the 2-core CPU budget (docs/STUDY.md, cost).
 E1_ARMS = ("ms_grpo", "gae_lambda0.95", "gae_lambda1", "gae_decoupled", "gae_length_adaptive")
+# Normalisation as its own factor beside ms_grpo (issue 32): Dr. GRPO (mean-only) and rloo (mean-only,
+# leave-one-out: dr_grpo's advantage times G / (G - 1), so it differs from dr_grpo in scale only).
+E1_NORM_ARMS = ("dr_grpo", "rloo")
 E1_SHORT_ARMS = ()
 E1_HORIZONS = (8,)
 E1M_ARMS = E1_ARMS
@@ -121,11 +153,15 @@ LAB_PROBES = ("bifurcation", "memory")
 def _e1() -> Experiment:
   # The short horizon is the contrast for the families (outcome, discounted, GAE by lambda), not
   # every variant: it keeps the study within its CPU budget (docs/STUDY.md, cost).
-  cells = tuple(Cell(f"{arm} h{h}", {"horizon": h, "arm": arm}) for h in E1_HORIZONS
-                for arm in (E1_ARMS if h == max(E1_HORIZONS) else E1_SHORT_ARMS))
   long = max(E1_HORIZONS)
+  cells = tuple(Cell(f"{arm} h{h}", {"horizon": h, "arm": arm}) for h in E1_HORIZONS
+                for arm in (E1_ARMS + E1_NORM_ARMS if h == long else E1_SHORT_ARMS))
+  control = shuffled(next(c for c in cells if c.label == f"ms_grpo h{long}"), f"ms_grpo shuffled h{long}")
+  cells += (control,)
   comps = tuple((f"{arm} h{long}", f"gae_lambda0.95 h{long}")
                 for arm in ("gae_lambda1", "gae_decoupled", "gae_length_adaptive", "ms_grpo"))
+  factors = ((f"ms_grpo h{long}", f"dr_grpo h{long}", "normalisation (std vs mean-only)"),
+             (f"rloo h{long}", f"dr_grpo h{long}", "scale (G/(G-1), same credit)"))
   return Experiment(
       "E1", "Estimators x horizon",
       "Which credit estimators still find the turn-0 choice when its payoff is L turns away through noise?",
@@ -133,8 +169,10 @@ def _e1() -> Experiment:
       "lambda 1, decoupled lambda (critic 1, policy 0.95), length-adaptive lambda and outcome-based "
       "MS-GRPO do not.",
       "VC-PPO (arXiv 2503.01491), VAPO (arXiv 2504.05118), MS-GRPO (arXiv 2508.10839)",
-      cells, comps, note="bifurcation task (see the probe table), horizon 8; the five arms its claim compares (the other "
-                          "estimator families and the 2-turn contrast are cut to fit 8 seeds on 2 CPU cores)")
+      cells, comps, controls=((f"ms_grpo h{long}", control.label),), factors=factors,
+      note="bifurcation task (see the probe table), horizon 8; the five arms its claim compares, Dr. GRPO and rloo "
+           "for the normalisation factor (the other estimator families and the 2-turn contrast are cut to fit "
+           "8 seeds on 2 CPU cores)")
 
 
 def _e1_memory() -> Experiment:
@@ -142,13 +180,15 @@ def _e1_memory() -> Experiment:
   # turns (no hint). One horizon only, to keep the study within its CPU budget (docs/STUDY.md, cost).
   h = max(E1_HORIZONS)
   cells = tuple(Cell(f"{arm} h{h}", {"probe": "memory", "horizon": h, "arm": arm}) for arm in E1M_ARMS)
+  control = shuffled(cells[E1M_ARMS.index("ms_grpo")], f"ms_grpo shuffled h{h}")
+  cells += (control,)
   comps = tuple((f"{arm} h{h}", f"gae_lambda0.95 h{h}")
                 for arm in ("gae_lambda1", "gae_decoupled", "gae_length_adaptive", "ms_grpo"))
   e1 = _e1()
   return Experiment(
       "E1m", "Estimators on memory",
       "Which credit estimators still credit the turn-0 peek when the code must be recalled h turns later?",
-      e1.claim, e1.source, cells, comps,
+      e1.claim, e1.source, cells, comps, controls=((f"ms_grpo h{h}", control.label),),
       note=f"memory task without the hint (see the probe table), horizon {h}: the same arms and claim as E1")
 
 
@@ -156,13 +196,14 @@ def _e2() -> Experiment:
   cells = tuple(Cell(f"{'decoupled' if d else 'naive'} eta={eta}",
                      {"eta": eta, "decoupled": d} if eta else {})
                 for d in (True, False) for eta in ETAS if eta or d)
+  cells += (shuffled(cells[0], "shuffled eta=0"),)
   comps = tuple((f"decoupled eta={eta}", f"naive eta={eta}") for eta in ETAS if eta >= 4)
   return Experiment(
       "E2", "Decoupled vs naive PPO under staleness",
       "Does the decoupled objective (proximal policy = the learner's current one) keep stale data useful?",
       "With staleness eta >= 4, naive PPO degrades while decoupled PPO keeps its final success.",
       "AReaL (arXiv 2505.24298), Table 5 / Fig. 5",
-      cells, comps,
+      cells, comps, controls=(("decoupled eta=0", "shuffled eta=0"),),
       note="grpo advantages, bifurcation h8, 2 actors; eta = 0 is the synchronous learner (both objectives "
            "coincide there); staleness measured from the token versions", figure="bars")
 
@@ -170,6 +211,7 @@ def _e2() -> Experiment:
 def _e3() -> Experiment:
   cells = tuple(Cell(f"{arm} vp={'on' if vp else 'off'}", {"arm": arm, "vp": vp} if not vp else {"arm": arm})
                 for arm in ("gae_lambda0.95", "gae_decoupled") for vp in (True, False))
+  cells += (shuffled(cells[0], "gae_lambda0.95 vp=on shuffled"),)
   comps = tuple((f"{arm} vp=on", f"{arm} vp=off") for arm in ("gae_lambda0.95", "gae_decoupled"))
   return Experiment(
       "E3", "Value pretraining",
@@ -177,19 +219,22 @@ def _e3() -> Experiment:
       "Value pretraining removes the early collapse that a randomly initialised critic causes and "
       "improves PPO's final result.",
       "VC-PPO (arXiv 2503.01491) section 3.2; VAPO (arXiv 2504.05118)",
-      cells, comps, note="bifurcation h8; vp=on starts RL from the probe's pretrained critic (160 critic steps on Monte-Carlo targets, 20 rounds of 32 tasks), vp=off from a critic whose value head is 0")
+      cells, comps, controls=(("gae_lambda0.95 vp=on", "gae_lambda0.95 vp=on shuffled"),),
+      note="bifurcation h8; vp=on starts RL from the probe's pretrained critic (160 critic steps on Monte-Carlo targets, 20 rounds of 32 tasks), vp=off from a critic whose value head is 0")
 
 
 def _e4() -> Experiment:
   grid = ((0.95, 0.95, {"arm": "gae_lambda0.95"}), (1.0, 1.0, {"arm": "gae_lambda1"}),
           (0.95, 1.0, {"arm": "gae_decoupled"}), (1.0, 0.95, {"arm": "gae_lambda1", "lc": 0.95}))
   cells = tuple(Cell(f"policy {lp} critic {lc}", args) for lp, lc, args in grid)
+  cells += (shuffled(cells[0], "policy 0.95 critic 0.95 shuffled"),)
   return Experiment(
       "E4", "lambda_policy x lambda_critic",
       "Is a critic fitted with lambda 1 and a policy advantage with lambda < 1 better than a shared lambda?",
       "Decoupled lambda (critic 1.0, policy 0.95) beats a shared lambda of 0.95.",
       "VC-PPO (arXiv 2503.01491) section 3.3",
       cells, (("policy 0.95 critic 1.0", "policy 0.95 critic 0.95"),),
+      controls=(("policy 0.95 critic 0.95", "policy 0.95 critic 0.95 shuffled"),),
       note="bifurcation h8; the 2 x 2 grid over {0.95, 1.0}", figure="bars")
 
 
@@ -197,19 +242,24 @@ def _e5() -> Experiment:
   cells = (Cell("trajectory grpo", {"arm": "grpo"}),
            Cell("ms_grpo session", {"arm": "ms_grpo"}),
            Cell("ms_grpo turn history", {"arm": "ms_grpo", "context": "history"}),
-           Cell("ms_grpo turn markov", {"arm": "ms_grpo", "context": "markov"}))
+           Cell("ms_grpo turn markov", {"arm": "ms_grpo", "context": "markov"}),
+           Cell("trajectory grpo shuffled", {"arm": "grpo", "shuffle": True}))
   return Experiment(
       "E5", "MS-GRPO per-turn samples vs trajectory GRPO",
       "Does crediting the episode return to every turn as its own sample beat trajectory-level GRPO?",
       "MS-GRPO (per-turn samples, Markov context) trains multi-step agents better than trajectory GRPO.",
       "MS-GRPO (arXiv 2508.10839)",
       cells, (("ms_grpo turn markov", "trajectory grpo"), ("ms_grpo turn history", "trajectory grpo")),
+      controls=(("trajectory grpo", "trajectory grpo shuffled"),),
       note="bifurcation h8; `session` = the same return on every turn in one sample per session")
 
 
 # E6's arms: the newer estimators (docs/credit.md) and three of E1's as the reference.
 E6_NEW = ("gigpo", "hgpo", "mt_grpo", "progress")
 E6_REFERENCE = ("ms_grpo", "rloo", "gae_lambda1")
+# Normalisation as its own factor (issue 32): the 2 x 2 of {outcome, step groups} x {std, mean-only}
+# is ms_grpo, dr_grpo, gigpo_std, gigpo; rloo is dr_grpo rescaled by G / (G - 1).
+E6_NORM = ("dr_grpo", "gigpo_std")
 E6_SEEDS = tuple(range(8))
 
 
@@ -219,10 +269,19 @@ def _e6() -> Experiment:
   # their runs (seeds 0-4) and add seeds 5-7.
   h = max(E1_HORIZONS)
   cells = tuple(Cell(f"{arm} {probe}", {"probe": probe, "horizon": h, "arm": arm})
-                for probe in LAB_PROBES for arm in E6_NEW + E6_REFERENCE)
+                for probe in LAB_PROBES for arm in E6_NEW + E6_REFERENCE + E6_NORM)
+  cells += tuple(Cell(f"ms_grpo shuffled {probe}", {"probe": probe, "horizon": h, "arm": "ms_grpo", "shuffle": True})
+                 for probe in LAB_PROBES)
   comps = tuple((f"{a} {probe}", f"{b} {probe}") for probe in LAB_PROBES
                 for a, b in (("gigpo", "ms_grpo"), ("hgpo", "gigpo"), ("mt_grpo", "ms_grpo"),
                              ("progress", "ms_grpo")))
+  factors = tuple((f"{a} {probe}", f"{b} {probe}", what) for probe in LAB_PROBES for a, b, what in (
+      ("ms_grpo", "dr_grpo", "normalisation (std vs mean-only), outcome credit"),
+      ("gigpo_std", "gigpo", "normalisation (std vs mean-only), step-group credit"),
+      ("gigpo", "dr_grpo", "credit structure (step groups vs outcome), both mean-only"),
+      ("gigpo_std", "ms_grpo", "credit structure (step groups vs outcome), both std-scaled"),
+      ("rloo", "dr_grpo", "scale (G/(G-1), same credit)")))
+  controls = tuple((f"ms_grpo {probe}", f"ms_grpo shuffled {probe}") for probe in LAB_PROBES)
   return Experiment(
       "E6", "Step-level and turn-level credit without a critic",
       "Do step groups on anchor states (GiGPO), nested history groups (HGPO), verifiable turn rewards "
@@ -230,7 +289,7 @@ def _e6() -> Experiment:
       "GiGPO beats GRPO (ALFWorld, WebShop); HGPO beats GiGPO; MT-GRPO beats GRPO on multi-turn tool "
       "use; SPA's progress rewards beat outcome-only RL (ALFWorld, WebShop, VirtualHome).",
       "GiGPO (arXiv 2505.10978), HGPO (arXiv 2602.22817), MT-GRPO (arXiv 2505.11821), SPA-RL (arXiv 2505.20732)",
-      cells, comps, seeds=E6_SEEDS,
+      cells, comps, seeds=E6_SEEDS, controls=controls, factors=factors,
       note=f"bifurcation and memory (no hint) at horizon {h}, E1's recipe; ms_grpo stands for GRPO (they "
            f"coincide in the session layout); the anchor states are the envs' state keys (turn and arm / "
            f"peek choice); the turn reward is 1 for a valid action")
@@ -317,7 +376,8 @@ def _timed(name, cmd, workdir):
   return name, rc, secs
 
 
-def _pool(jobs, parallel: int, what: str) -> list[str]:
+def _pool(jobs, parallel: int, what: str, on_done=None) -> list[str]:
+  """Runs the jobs; `on_done(name, workdir)` after each one that finished (its record)."""
   failed, done = [], 0
   t0 = time.time()
   with cf.ThreadPoolExecutor(parallel) as pool:
@@ -330,6 +390,8 @@ def _pool(jobs, parallel: int, what: str) -> list[str]:
       print(f"[{what} {done}/{len(jobs)} {secs:6.1f}s, ~{left / 60:.0f} min left] {status}: {name}", flush=True)
       if rc:
         failed.append(name)
+      elif on_done:
+        on_done(name, dict((j[0], j[2]) for j in jobs)[name])
   return failed
 
 
@@ -352,6 +414,9 @@ def main(argv=None) -> int:
   p.add_argument("--parallel", type=int, default=1, help="runs at once (CPU; keep 1 on a TPU host)")
   p.add_argument("--dry_run", action="store_true")
   p.add_argument("--python", default=sys.executable)
+  p.add_argument("--records", default=records.DEFAULT_OUT,
+                 help="where each finished run, warm start and critic warm start writes its record "
+                      "(default docs/study, what the report reads; '' = none)")
   a, rest = p.parse_known_args(argv)
   if bad := [r for r in rest if not r.startswith("--config.")]:
     p.error(f"unrecognized arguments: {' '.join(bad)} (only --config.FIELD=VALUE goes to the RL runs)")
@@ -394,14 +459,27 @@ def main(argv=None) -> int:
                         else list(argv), "runs": len(run_jobs), "warm": len(warm_jobs)}) + "\n")
   warm_todo = [j for j in warm_jobs if not _warm_done(j[2])]
   print(f"study: {len(warm_todo)} of {len(warm_jobs)} warm starts to build, parallel={a.parallel}", flush=True)
-  failed = _pool(warm_todo, a.parallel, "warm")
+  def record(name, workdir):  # the record of a finished job, in the repo (experiments/records.py)
+    if not a.records:
+      return
+    if name in runs:
+      cell, _, seed = name.rpartition(",seed=")
+      rec = records.run_record(workdir, cell, int(seed), runs[name].full)
+    elif ",critic,seed=" in name:
+      rec = records.critic_record(workdir, name)
+    else:
+      rec = records.warm_record(workdir, name)
+    if rec:
+      records.write(a.records, rec)
+
+  failed = _pool(warm_todo, a.parallel, "warm", record)
   if failed:
     print(f"study: warm starts failed: {failed}; relaunch to retry", file=sys.stderr)
     print(json.dumps({"warm_starts": len(warm_jobs), "warm_failed": failed}))
     return 1
   critic_todo = [j for j in critic_jobs if not _critic_done(j[2])]
   print(f"study: {len(critic_todo)} of {len(critic_jobs)} critic warm starts to build", flush=True)
-  failed = _pool(critic_todo, a.parallel, "critic")
+  failed = _pool(critic_todo, a.parallel, "critic", record)
   if failed:
     print(f"study: critic warm starts failed: {failed}; relaunch to retry", file=sys.stderr)
     print(json.dumps({"warm_starts": len(warm_jobs), "critic_failed": failed}))
@@ -418,13 +496,13 @@ def main(argv=None) -> int:
       if not os.path.exists(os.path.join(job[2], "lab", "result.json")):  # the lab's last output
         todo.insert(0, job)  # first: the longest jobs, so the pool does not end on one
   print(f"study: {len(todo)} of {len(run_jobs)} runs to go, root={root}", flush=True)
-  failed = _pool(todo, a.parallel, "run")
+  failed = _pool(todo, a.parallel, "run", record)
   summary = {"warm_starts": len(warm_jobs), "runs": len(run_jobs), "ran": len(todo), "failed": failed}
   if failed:
     print(f"study: {len(failed)} runs failed: {', '.join(failed)}; relaunch to retry", file=sys.stderr)
     print(json.dumps(summary))
     return 1
-  print(f"study: done; python experiments/report.py --root {root}")
+  print(f"study: done; python experiments/report.py --records {a.records or 'DIR'}")
   print(json.dumps(summary))
   return 0
 

@@ -59,12 +59,12 @@ def base_config() -> ml_collections.ConfigDict:
   # policy (after its `sft` stage) starts this run when it has no checkpoint of its own;
   # the stages that run finished up to sft (demos, sft) are then skipped here.
   c.init_from = ""
-  c.critic = ml_collections.ConfigDict(dict(
-      # none | separate (own trunk) | head (value head on the policy trunk) | lora (its own
   # JAX's persistent compilation cache (mtrl_jax/compile_cache.py): "auto" = the user cache
   # folder ($MTRL_COMPILE_CACHE, else ~/.cache/mtrl_jax/jax); a folder; "" = off. A second
   # run of the same config then loads its programs instead of compiling them.
   c.compile_cache = "auto"
+  c.critic = ml_collections.ConfigDict(dict(
+      # none | separate (own trunk) | head (value head on the policy trunk) | lora (its own
       # LoRA adapters and value head on the policy's frozen trunk: one trunk, two adapters)
       kind="separate",
       init_from_policy=True,
@@ -265,11 +265,9 @@ def _positive(c, *fields):
     _check(node > 0, f, f"must be positive, got {node!r}")
 
 
-def validate(c: ml_collections.ConfigDict, num_devices: int | None = None) -> None:
-  """Raises ValueError naming the first bad field; runs before any compute."""
 def validate_compile_cache(c) -> None:
   v = c.get("compile_cache", "auto")
-  _check(isinstance(v, str), "compile_cache",
+  _check(v is None or isinstance(v, str), "compile_cache",
          f"must be a folder, 'auto' (the user cache folder) or '' (off), got {v!r}")
   if v and v != "auto":
     import os
@@ -278,6 +276,8 @@ def validate_compile_cache(c) -> None:
            f"{v!r} exists and is not a folder; name a folder, 'auto' or '' (off)")
 
 
+def validate(c: ml_collections.ConfigDict, num_devices: int | None = None) -> None:
+  """Raises ValueError naming the first bad field; runs before any compute."""
   from mtrl_jax.models.config import ModelConfig
   try:
     ModelConfig.from_dict(c.model)
@@ -285,9 +285,9 @@ def validate_compile_cache(c) -> None:
     raise ValueError(f"config.model: {e}") from e
   for s in c.stages:
     _check(s in STAGES, "stages", f"unknown stage {s!r}; known: {STAGES}")
+  validate_compile_cache(c)
   _positive(c, "rl.tasks_per_update", "rl.group_size", "rl.epochs", "rl.minibatches",
             "rollout.turn_budget", "rollout.context_cap", "sft.batch_size", "eval.tasks")
-  validate_compile_cache(c)
   _check(c.rl.steps >= 0, "rl.steps", f"must be >= 0, got {c.rl.steps}")
   _check(c.rl.layout in LAYOUTS, "rl.layout", f"{c.rl.layout!r} not in {LAYOUTS}")
   _check(c.rl.pack_len >= 0, "rl.pack_len", f"must be >= 0 (0 = the batch's longest sample), got {c.rl.pack_len}")

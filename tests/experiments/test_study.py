@@ -8,6 +8,7 @@ import pytest
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "experiments"))
 import study  # noqa: E402
 from configs import study as study_config  # noqa: E402
+from mtrl_jax.credit.registry import hparam_defaults  # noqa: E402
 
 
 def test_every_cell_is_a_valid_config_and_shared_cells_run_once():
@@ -17,10 +18,12 @@ def test_every_cell_is_a_valid_config_and_shared_cells_run_once():
   synchronous cell that is not E5's trajectory grpo run."""
   plan = study.planned_runs()
   cells = {c.name: c for c in plan.values()}
-  # E1-E5: 192 runs (24 distinct cells x 8 seeds); E6 adds 80: its 8 new-arm cells and rloo on both
-  # probes x 8 seeds (its ms_grpo and gae_lambda1 cells are E1's and E1m's runs).
-  assert len(plan) == len({(c.name, s) for e in study.EXPERIMENTS for c in e.cells for s in e.seeds}) == 272
-  assert len(study.planned_runs([e.id for e in study.EXPERIMENTS if e.id != "E6"])) == 192
+  # E1-E5: 240 runs (30 distinct cells x 8 seeds: 24 before issue 32, E1's dr_grpo and rloo, and the
+  # shuffled controls of E1, E1m, E2 (= E5's), E3, E4); E6 adds 96: its 8 new-arm cells, rloo, dr_grpo
+  # on memory and gigpo_std on both probes x 8 seeds (its ms_grpo, gae_lambda1, dr_grpo and rloo cells
+  # on bifurcation and its controls are E1's and E1m's runs).
+  assert len(plan) == len({(c.name, s) for e in study.EXPERIMENTS for c in e.cells for s in e.seeds}) == 336
+  assert len(study.planned_runs([e.id for e in study.EXPERIMENTS if e.id != "E6"])) == 240
   for name, cell in cells.items():
     c = study_config.get_config(name)
     full = {**study.DEFAULTS, **cell.args}
@@ -31,7 +34,7 @@ def test_every_cell_is_a_valid_config_and_shared_cells_run_once():
   assert e2.cell("decoupled eta=0").name == study.experiment("E5").cell("trajectory grpo").name
   # E1 on memory: E1's arms at the long horizon (those the claim names), on the memory probe without the hint
   e1m = study.experiment("E1m")
-  assert [c.args["arm"] for c in e1m.cells] == list(study.E1M_ARMS)
+  assert [c.args["arm"] for c in e1m.cells] == list(study.E1M_ARMS) + ["ms_grpo"]  # + its control
   assert set(study.E1M_ARMS) <= set(study.E1_ARMS) >= {"gae_lambda0.95", "gae_lambda1", "gae_decoupled",
                                                        "gae_length_adaptive", "ms_grpo"}
   assert all(study_config.get_config(c.name).env.kwargs["hint"] is False for c in e1m.cells)
@@ -47,12 +50,41 @@ def test_every_cell_is_a_valid_config_and_shared_cells_run_once():
   e6 = study.experiment("E6")
   assert e6.seeds == tuple(range(8))
   got = {(study_config.get_config(c.name).rl.estimator, study_config.get_config(c.name).env.name) for c in e6.cells}
-  assert got == {(est, env) for est in ("gigpo", "hgpo", "mt_grpo", "progress", "ms_grpo", "rloo", "gae")
+  assert got == {(est, env) for est in ("gigpo", "hgpo", "mt_grpo", "progress", "ms_grpo", "rloo", "gae", "grpo")
                  for env in ("bifurcation", "memory")}
   assert e6.cell("ms_grpo bifurcation").name == e1.cell("ms_grpo h8").name
   assert e6.cell("gae_lambda1 memory").name == e1m.cell("gae_lambda1 h8").name
   assert all(study_config.get_config(c.name).rl.steps == study_config.get_config(e1.cell("ms_grpo h8").name).rl.steps
              for c in e6.cells)
+
+
+def test_normalisation_arms_and_positive_controls():
+  """The normalisation factor's arms differ from their partners in scale_by_std only, and every
+  experiment's control is its reference cell with rl.shuffle_advantages on and nothing else changed.
+  Catches dr_grpo left std-scaled (= ms_grpo: the factor would read 0 by construction), gigpo_std left
+  mean-only, a control that changes more than the shuffle, and a comparison powered by the other
+  probe's control."""
+  cfg = lambda e, label: study_config.get_config(study.experiment(e).cell(label).name)  # noqa: E731
+  for e, a, b in (("E1", "ms_grpo h8", "dr_grpo h8"), ("E6", "gigpo_std memory", "gigpo memory"),
+                  ("E6", "ms_grpo bifurcation", "dr_grpo bifurcation")):
+    ca, cb = cfg(e, a), cfg(e, b)
+    std = lambda c: {**hparam_defaults(c.rl.estimator), **dict(c.rl.estimator_kwargs)}["scale_by_std"]  # noqa: E731
+    assert std(ca) is True and std(cb) is False
+    assert ca.rl.estimator.replace("ms_", "") == cb.rl.estimator.replace("ms_", "")
+  for e in study.EXPERIMENTS:
+    assert e.controls, f"{e.id} has no positive control"
+    for real, shuf in e.controls:
+      cr, cs = cfg(e.id, real), cfg(e.id, shuf)
+      assert cs.rl.shuffle_advantages is True and cr.rl.shuffle_advantages is False
+      cs.rl.shuffle_advantages = False
+      assert cs.to_json() == cr.to_json()
+    for a, b in e.comparisons:
+      ctl = e.control_for(a)
+      assert e.cell(ctl[0]).full["probe"] == e.cell(a).full["probe"]
+  e6 = study.experiment("E6")
+  assert e6.control_for("gigpo memory") == ("ms_grpo memory", "ms_grpo shuffled memory")
+  factors = {f for _, _, f in e6.factors}
+  assert any(f.startswith("normalisation") for f in factors) and any(f.startswith("credit") for f in factors)
 
 
 def test_dry_run_passes_the_warm_start_to_every_run(capsys):
@@ -63,11 +95,12 @@ def test_dry_run_passes_the_warm_start_to_every_run(capsys):
   assert study.main(["--root", "/tmp/nowhere", "--only", "E4,E3", "--dry_run"]) == 0
   lines = capsys.readouterr().out.strip().splitlines()
   summary = json.loads(lines[-1])
-  assert summary["runs"] == 6 * len(study.SEEDS) and summary["critic_warm_starts"] == 1
+  # 6 cells before issue 32 and the shuffled gae_lambda0.95 control E3 and E4 share
+  assert summary["runs"] == 7 * len(study.SEEDS) and summary["critic_warm_starts"] == 1
   cmds = [x for x in lines[:-1] if not x.startswith("#")]
   critic = [x for x in cmds if "stage=critic" in x]
   runs = [x for x in cmds if "stage=" not in x]
-  assert len(runs) == 6 * len(study.SEEDS) and len(critic) == 1 and "stage=critic,seed=0 " in critic[0]
+  assert len(runs) == 7 * len(study.SEEDS) and len(critic) == 1 and "stage=critic,seed=0 " in critic[0]
   assert all("--config.init_from=/tmp/nowhere/warm/probe=bifurcation,horizon=8 " in x + " " for x in critic)
   for x in runs:
     if "vp=false" in x:

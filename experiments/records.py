@@ -1,0 +1,208 @@
+"""The study's per-run records: one small JSON file per run under docs/study/, all the report reads.
+
+  python experiments/records.py --root ROOT [--out docs/study]   # records of every finished run in ROOT
+
+experiments/study.py writes a run's record when the run finishes (and a warm
+start's, a critic warm start's); this command writes them for a root run
+before that, or again. Layout under OUT:
+
+  runs/<cell name>/seed=<s>.json     kind "run"
+  critics/<warm start>,seed=<s>.json kind "critic" (value pretraining's final readout)
+  warm/<warm start>.json             kind "warm" (the probe table's behaviour-cloning eval)
+
+A run record (schema 1) holds the cell's configs/study.py arguments, the
+config values the study varies or reports, the commit the run was made at
+(`git rev-parse HEAD` when the record is written, "unknown" outside git), every
+eval (step, tokens seen, tasks, sampled success / return), the rollout curve
+(step, tokens, success) and its token-weighted AUC, the critic's explained
+variance and the oracle's during RL (means over updates), the share of
+invalid actions per update (max, mean), the mean staleness and the wall time.
+"""
+from __future__ import annotations
+
+import argparse
+import glob
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import stats  # noqa: E402
+from mtrl_jax.metrics import read_metrics  # noqa: E402
+from plot import rl_curves  # noqa: E402
+
+SCHEMA = 1
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+DEFAULT_OUT = os.path.join(REPO, "docs", "study")
+# The config values a record keeps (dotted paths into config.json).
+CONFIG_KEYS = ("seed", "env.name", "env.kwargs", "rl.estimator", "rl.estimator_kwargs", "rl.steps",
+               "rl.tasks_per_update", "rl.group_size", "rl.lr", "rl.layout", "rl.context", "rl.decoupled",
+               "rl.shuffle_advantages", "critic.kind", "value_pretrain.enabled", "eval.tasks", "eval.every",
+               "eval.seed_offset", "sft.steps", "asynchronous.enabled", "asynchronous.eta")
+
+
+def commit() -> str:
+  try:
+    return subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True,
+                          check=True).stdout.strip() or "unknown"
+  except (OSError, subprocess.CalledProcessError):
+    return "unknown"
+
+
+def _json(path: str) -> dict | None:
+  try:
+    with open(path) as f:
+      return json.load(f)
+  except (OSError, json.JSONDecodeError):
+    return None
+
+
+def _pick(cfg: dict | None) -> dict:
+  out = {}
+  for key in CONFIG_KEYS:
+    node = cfg
+    for part in key.split("."):
+      node = node.get(part) if isinstance(node, dict) else None
+    if node is not None:
+      out[key] = node
+  return out
+
+
+def _f(x):
+  return None if x is None else float(x)
+
+
+def run_record(workdir: str, cell: str, seed: int, args: dict, sha: str | None = None) -> dict | None:
+  """A finished run's record (None without a final `eval` line: unfinished or absent)."""
+  recs = read_metrics(workdir)
+  finals = [r for r in recs if r.get("stage") == "eval" and r.get("eval/success") is not None]
+  if not finals:
+    return None
+  c = rl_curves(recs)  # drops the steps a resumed run rewrote
+  steps, tokens, succ = c.get("rollout/success", ([], [], []))
+  rl = [r for r in recs if r.get("stage") == "rl"]
+  by_step = {int(r["step"]): r for r in rl}  # the last line of a step wins (a resumed run rewrites)
+  tok = dict(zip(c.get("step", []), c.get("tokens", [])))
+  cfg = _json(os.path.join(workdir, "config.json"))
+  tasks = ((cfg or {}).get("eval") or {}).get("tasks")
+  evals = [{"step": s, "tokens": tok.get(s), "tasks": tasks, "success": _f(r["eval/success"]),
+            "return": _f(r.get("eval/return"))}
+           for s, r in sorted(by_step.items()) if r.get("eval/success") is not None]
+  final = finals[-1]
+  evals.append({"step": "final", "tokens": tokens[-1] if tokens else None,
+                "tasks": max(tasks or 0, 64) or None, "success": _f(final["eval/success"]),
+                "return": _f(final.get("eval/return"))})
+  turns = [r for r in by_step.values() if r.get("ledger/turns")]
+  invalid = [r.get("ledger/invalid_actions", 0.0) / r["ledger/turns"] for r in turns]
+  critic = {k: float(np.mean(v)) for k in ("explained_variance", "oracle_explained_variance")
+            if (v := [r[f"value/{k}"] for r in by_step.values() if r.get(f"value/{k}") is not None])}
+  stale = [r["staleness/mean"] for r in by_step.values() if r.get("staleness/mean") is not None]
+  return {"schema": SCHEMA, "kind": "run", "cell": cell, "seed": int(seed), "args": args,
+          "config": _pick(cfg), "commit": sha or commit(), "evals": evals,
+          "final": {"success": _f(final["eval/success"]), "return": _f(final.get("eval/return"))},
+          "rollout": {"step": list(steps), "tokens": [float(t) for t in tokens], "success": [float(y) for y in succ]},
+          "auc": stats.auc(tokens, succ),
+          "critic": critic,
+          "invalid_share": {"max": max(invalid), "mean": float(np.mean(invalid))} if invalid else None,
+          "staleness": float(np.mean(stale)) if stale else None,
+          "wall_s": (_json(os.path.join(workdir, "wall.json")) or {}).get("wall_s")}
+
+
+def critic_record(workdir: str, name: str, sha: str | None = None) -> dict | None:
+  """A critic warm start's final readout (value pretraining's last, held-out batch), or None."""
+  final = [r for r in read_metrics(workdir) if r.get("value_pretrain/final")]
+  if not final:
+    return None
+  r = final[-1]
+  out = {k: r.get(f"value_pretrain/{k}") for k in ("explained_variance", "oracle_explained_variance", "r2",
+                                                    "decision_gap", "oracle_decision_gap", "critic_steps")}
+  warm, _, seed = name.rpartition(",critic,seed=")
+  return {"schema": SCHEMA, "kind": "critic", "warm": warm, "seed": int(seed), "commit": sha or commit(),
+          "readout": out, "wall_s": (_json(os.path.join(workdir, "wall.json")) or {}).get("wall_s")}
+
+
+def warm_record(workdir: str, name: str, sha: str | None = None) -> dict | None:
+  """A warm start's behaviour-cloning eval (the probe table), or None when unfinished."""
+  sft = [r for r in read_metrics(workdir) if r.get("stage") == "sft" and r.get("eval/success") is not None]
+  if not sft:
+    return None
+  cfg = _json(os.path.join(workdir, "config.json")) or {}
+  return {"schema": SCHEMA, "kind": "warm", "warm": name, "commit": sha or commit(),
+          "sft_steps": (cfg.get("sft") or {}).get("steps"), "success": _f(sft[-1]["eval/success"]),
+          "greedy_success": _f(sft[-1].get("eval/greedy_success")),
+          "wall_s": (_json(os.path.join(workdir, "wall.json")) or {}).get("wall_s")}
+
+
+def path_of(out: str, rec: dict) -> str:
+  if rec["kind"] == "run":
+    return os.path.join(out, "runs", rec["cell"], f"seed={rec['seed']}.json")
+  if rec["kind"] == "critic":
+    return os.path.join(out, "critics", f"{rec['warm']},seed={rec['seed']}.json")
+  return os.path.join(out, "warm", f"{rec['warm']}.json")
+
+
+def write(out: str, rec: dict) -> str:
+  path = path_of(out, rec)
+  os.makedirs(os.path.dirname(path), exist_ok=True)
+  with open(path, "w") as f:
+    json.dump(rec, f, indent=1, sort_keys=True)
+    f.write("\n")
+  return path
+
+
+def load(out: str) -> dict:
+  """{"runs": {(cell, seed): rec}, "critics": {(warm, seed): rec}, "warm": {warm: rec}} from OUT."""
+  got = {"runs": {}, "critics": {}, "warm": {}}
+  for path in sorted(glob.glob(os.path.join(out, "*", "**", "*.json"), recursive=True)):
+    rec = _json(path)
+    if not rec or rec.get("schema") != SCHEMA:
+      continue
+    if rec["kind"] == "run":
+      got["runs"][(rec["cell"], rec["seed"])] = rec
+    elif rec["kind"] == "critic":
+      got["critics"][(rec["warm"], rec["seed"])] = rec
+    elif rec["kind"] == "warm":
+      got["warm"][rec["warm"]] = rec
+  return got
+
+
+def export(root: str, out: str = DEFAULT_OUT, cells: dict | None = None) -> dict:
+  """Records of every finished run, critic warm start and warm start under ROOT (the study's layout).
+
+  `cells`: run folder name -> the cell's full configs/study.py arguments (study.planned_runs); runs
+  not in it are recorded with the arguments read back from their folder name."""
+  sha = commit()
+  n = {"runs": 0, "critics": 0, "warm": 0}
+  for d in sorted(glob.glob(os.path.join(root, "runs", "*,seed=*"))):
+    name = os.path.basename(d)
+    cell, _, seed = name.rpartition(",seed=")
+    args = (cells or {}).get(name) or dict(kv.split("=", 1) for kv in cell.split(","))
+    if rec := run_record(d, cell, int(seed), args, sha):
+      write(out, rec)
+      n["runs"] += 1
+  for d in sorted(glob.glob(os.path.join(root, "warm", "*"))):
+    name = os.path.basename(d)
+    rec = critic_record(d, name, sha) if ",critic,seed=" in name else warm_record(d, name, sha)
+    if rec:
+      write(out, rec)
+      n["critics" if rec["kind"] == "critic" else "warm"] += 1
+  return n
+
+
+def main(argv=None) -> dict:
+  p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+  p.add_argument("--root", required=True, help="a study root (experiments/study.py --root)")
+  p.add_argument("--out", default=DEFAULT_OUT)
+  a = p.parse_args(argv)
+  if not os.path.isdir(a.root):
+    p.error(f"--root {a.root} is not a folder (the study's run folders are not in the repo; its records are)")
+  n = export(a.root, a.out)
+  print(json.dumps(n))
+  return n
+
+
+if __name__ == "__main__":
+  main()
