@@ -33,6 +33,7 @@ def test_update_logs_the_fp32_gap_on_current_version_tokens():
   m = learner().update(sessions, 0)
   assert m["mismatch/tokens"] == n_act
   assert m["mismatch/logp_abs_mean"] < 1e-5 and m["mismatch/logp_abs_max"] < 1e-4
+  assert m["mismatch/ratio_out_share"] == 0.0
   half = len(sessions) // 2
   planted = _restamp(sessions[:half], bump=0.25) + _restamp(sessions[half:], version=5, bump=3.0)
   m = learner().update(planted, 0)
@@ -40,3 +41,4 @@ def test_update_logs_the_fp32_gap_on_current_version_tokens():
   assert m["mismatch/tokens"] == n_cur  # the version-5 half (and its 3.0 gap) is not counted
   assert abs(m["mismatch/logp_abs_max"] - 0.25) < 1e-4
   assert abs(m["mismatch/logp_abs_mean"] - 0.25 * half / n_cur) < 1e-4
+  assert m["mismatch/ratio_out_share"] == half / n_cur  # exp(0.25) = 1.28: the planted tokens only

@@ -46,8 +46,10 @@ def test_sampler_mismatch_counts_current_version_action_tokens_only():
   assert out["mismatch/tokens"] == 4
   assert out["mismatch/logp_abs_mean"] == pytest.approx(np.mean(gaps))
   assert out["mismatch/logp_abs_max"] == pytest.approx(0.3)
+  assert out["mismatch/ratio_out_share"] == pytest.approx(2 / 4)  # gaps 0.1, 0.3 leave [0.9, 1.1]
   assert sampler_mismatch(prox, behav, mask, version, 7) == {
-      "mismatch/logp_abs_mean": 0.0, "mismatch/logp_abs_max": 0.0, "mismatch/tokens": 0.0}
+      "mismatch/logp_abs_mean": 0.0, "mismatch/logp_abs_max": 0.0, "mismatch/ratio_out_share": 0.0,
+      "mismatch/tokens": 0.0}
 
 
 def test_config_json_records_the_model_that_ran(smollm2_2layer, tmp_path):
