@@ -26,6 +26,7 @@ def session_stats(sessions: list[Session], prefix: str) -> dict:
       f"{prefix}tokens_per_session": float(np.mean(
           [s.num_action_tokens + s.num_obs_tokens for s in sessions])) if sessions else 0.0,
       f"{prefix}env_errors": sum(bool(s.env_error) for s in sessions),
+      f"{prefix}rewritten_replies": sum(bool(s.rewritten) for s in sessions),
   }
 
 

@@ -27,6 +27,7 @@ from mtrl_jax.models.tokenizer import HFTokenizer  # noqa: E402
 from mtrl_jax.rollout.engine import RolloutEngine  # noqa: E402
 from mtrl_jax.rollout.packing import pack_sessions  # noqa: E402
 from mtrl_jax.train.sft import demo_tokens  # noqa: E402
+from mtrl_jax.train.evaluate import session_stats  # noqa: E402
 from mtrl_jax.train.source import SyncSource  # noqa: E402
 
 # ChatML whose replies (all messages) are trimmed, as Llama 3's and Gemma's templates do.
@@ -136,9 +137,10 @@ def test_lockstep_engine_ends_only_the_rewritten_sessions(trim_tok):
   Each rewritten session ends there ('rewritten', untrained, its cause in
   `error`), the others play all 3 turns with the template's exact text, and
   SyncSource counts them in `rollout/rewritten_replies` and
-  `ledger/end_rewritten`. Break checked: today's engine (no except) raises
-  BrokenPrefixError out of `run`; `Session.trainable` without the rewritten
-  test fails the trainable check; the metric line removed fails its check."""
+  `ledger/end_rewritten` (evaluation: `eval/rewritten_replies`). Break
+  checked: today's engine (no except) raises BrokenPrefixError out of `run`;
+  `Session.trainable` without the rewritten test fails the trainable check;
+  the metric line removed (source.py) fails its check."""
   tok, eot = trim_tok, trim_tok.end_of_turn_id
   enc = tok.encode
   script = [[(enc("7") + [eot], False)] * 3,
@@ -154,6 +156,7 @@ def test_lockstep_engine_ends_only_the_rewritten_sessions(trim_tok):
   assert [s.error.split(":")[0] if s.error else None for s in sessions] == [None, "reply", "cut_at_budget", "reply"]
   assert [s.trainable for s in sessions] == [True, False, False, False]
   assert info["rollout/rewritten_replies"] == 3 and info["ledger/end_rewritten"] == 3
+  assert session_stats(sessions, "eval/")["eval/rewritten_replies"] == 3
   # The survivor's ids are the cache's and the template's text of its conversation.
   s0 = sessions[0]
   assert s0.flat_tokens().tolist() == list(sampler.last_state["rows"][0])
