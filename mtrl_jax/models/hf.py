@@ -267,6 +267,14 @@ def _check_unused(ckpt: Checkpoint, used: list[str], allowed_extra=()) -> None:
                      f"{' ...' if len(extra) > 8 else ''}")
 
 
+def _is_embedding_copy(ckpt: Checkpoint, cfg: ModelConfig) -> bool:
+  """Whether the checkpoint's lm_head.weight (if any) equals its embedding, bit for bit."""
+  if "lm_head.weight" not in ckpt.names():
+    return False
+  shape = (cfg.vocab_size, cfg.dim)
+  return bool(np.array_equal(ckpt.read("lm_head.weight", shape), ckpt.read("model.embed_tokens.weight", shape)))
+
+
 def load_policy(hf_dir: str, *, dtype: str = "float32", lora_seed: int = 0, **switches) -> Transformer:
   """A policy Transformer with the weights of a local Llama/Qwen2 folder.
 
@@ -282,8 +290,12 @@ def load_policy(hf_dir: str, *, dtype: str = "float32", lora_seed: int = 0, **sw
   abstract = nnx.eval_shape(lambda: Transformer(cfg, rngs=nnx.Rngs(0)))
   graphdef, adapters, params, rest = nnx.split(abstract, lora.ADAPTER, nnx.Param, ...)
   used = _fill(cfg, ckpt, params)
-  # Tied checkpoints sometimes also store lm_head.weight (= the embedding).
-  _check_unused(ckpt, used, allowed_extra=("lm_head.weight",) if cfg.tie_embeddings else ())
+  # Tied checkpoints sometimes also store lm_head.weight (= the embedding): accepted
+  # only when it is that copy. A different one means the config's tie is wrong and
+  # the logits would silently use the embedding instead (issue 34: a GGUF import
+  # that declared every model tied).
+  tied_copy = cfg.tie_embeddings and _is_embedding_copy(ckpt, cfg)
+  _check_unused(ckpt, used, allowed_extra=("lm_head.weight",) if tied_copy else ())
   fresh = dict(nnx.to_flat_state(lora.fresh_adapters(adapters, jax.random.key(lora_seed))))
   for path, var in nnx.to_flat_state(adapters):
     var.set_value(_place(np.asarray(fresh[path].get_value()), var, var.get_value().dtype))
