@@ -43,7 +43,7 @@ if [[ "$DRY_RUN" == 1 ]]; then  # a loaded 2-core CPU: generous caps, the same c
     "${CAP_ROLLOUT:=$c}"
 fi
 : "${BUDGET_S:=540}" "${CAP_WEIGHTS:=90}" "${CAP_MAIN:=130}" "${CAP_SMOL:=160}" "${CAP_MISMATCH:=60}" \
-  "${CAP_ROLLOUT:=90}" "${CAP_LEARNER:=600}"
+  "${CAP_ROLLOUT:=120}" "${CAP_LEARNER:=600}"
 SMOL_ATTENTION=${SMOL_ATTENTION:-xla}
 mkdir -p "$out" "$work/logs"
 out=$(cd "$out" && pwd)

@@ -18,6 +18,7 @@ import os
 import shutil
 import sys
 
+import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
@@ -136,3 +137,39 @@ def test_smollm2_header_is_a_gguf_without_tensors(tmp_path):
   cfg = gguf_convert.hf_config(f)
   assert (cfg["num_hidden_layers"], cfg["hidden_size"], cfg["vocab_size"]) == (30, 576, 49152)
   assert len(f.strings("tokenizer.ggml.tokens")) == 49152
+
+
+@pytest.mark.slow
+def test_materialize_falls_back_to_random_weights_of_the_real_shape(tmp_path):
+  """A corrupt part: the folder gets random weights with the real folder's tensor names and shapes,
+  config and tokenizer, and says why (naming the part).
+
+  Break checked: `random_folder` building the model from `hf_config(f)` without `layers`
+  (all 30 blocks) fails the tensor-name comparison.
+  """
+  pytest.importorskip("tokenizers", reason="tokenizer.json needs tokenizers (.[hf])")
+  from safetensors.numpy import load_file
+
+  from mtrl_jax.models import gguf_convert
+  try:
+    path = gguf_convert.find_gguf("smollm2")
+    wt.import_gguf()
+  except (FileNotFoundError, ImportError) as e:
+    pytest.skip(str(e))
+  src = tmp_path / "dev"
+  m = wt.split_file(path, str(src), 56 * wt.MIB)
+  wt.write_header(path, str(src))
+  with open(src / m.parts[1].file, "r+b") as f:
+    f.seek(1000)
+    f.write(b"\xff")
+  rec = wt.materialize(str(src), str(tmp_path / "rand"), 1, str(tmp_path))
+  assert rec["weights"] == "random" and "part 1 (gguf_part1/" in rec["reason"] and "corrupt" in rec["reason"]
+  gguf_convert.convert(path, str(tmp_path / "real"), layers=1, log=lambda _: None)
+  real, rand = load_file(str(tmp_path / "real" / "model.safetensors")), load_file(
+      str(tmp_path / "rand" / "model.safetensors"))
+  assert {k: v.shape for k, v in rand.items()} == {k: v.shape for k, v in real.items()}
+  assert not np.allclose(rand["model.embed_tokens.weight"], real["model.embed_tokens.weight"])
+  for name in ("tokenizer.json", "tokenizer_config.json", "generation_config.json", "chat_template.jinja"):
+    assert (tmp_path / "rand" / name).read_bytes() == (tmp_path / "real" / name).read_bytes(), name
+  assert json.load(open(tmp_path / "rand" / "config.json")) == json.load(open(tmp_path / "real" / "config.json"))
+  assert rec["params"] == sum(v.size for v in real.values())
