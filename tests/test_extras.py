@@ -173,36 +173,92 @@ def test_every_package_a_test_skips_without_is_installed_by_the_readme():
   assert not missing, f"tests skip without these, which the README does not install: {missing}"
 
 
+def _plugin_pins(jax_extra: str) -> dict[str, Requirement]:
+  """What the installed jax's metadata requires for one of its extras (jaxlib, the plugin, libtpu)."""
+  out = {}
+  for line in importlib.metadata.metadata("jax").get_all("Requires-Dist"):
+    r = Requirement(line)
+    if r.marker is not None and r.marker.evaluate({"extra": jax_extra}) and not r.marker.evaluate({"extra": ""}):
+      out[canonicalize_name(r.name)] = r
+  return out
+
+
+# The package each accelerator build cannot run without.
+PLUGIN = {"gpu": "jax-cuda13-plugin", "cuda12": "jax-cuda12-plugin", "tpu": "libtpu"}
+
+
+def test_each_accelerator_extra_pins_its_plugin_to_the_installed_jax():
+  """Through jax's own metadata, `.[gpu]` / `.[cuda12]` pull the CUDA plugin of exactly the jax
+  version installed (and `.[tpu]` libtpu): a GPU user gets a plugin that matches jaxlib.
+
+  Break checked: `GPU = ["jax[cuda]>=0.7"]` in setup.py (jax declares `cuda`, but in jax 0.10 it is
+  the CUDA 12 build) fails here on the missing jax-cuda13-plugin, as well as in the test above.
+  """
+  jax_version = importlib.metadata.version("jax")
+  kw = setup_kwargs()
+  for extra, plugin in PLUGIN.items():
+    (jax_extra,) = Requirement(kw["extras_require"][extra][0]).extras
+    pins = _plugin_pins(jax_extra)
+    assert plugin in pins, (extra, sorted(pins))
+    assert pins["jaxlib"].specifier.contains(jax_version), (extra, str(pins["jaxlib"].specifier))
+    if plugin.startswith("jax-"):
+      assert pins[plugin].specifier.contains(jax_version), (plugin, str(pins[plugin].specifier), jax_version)
+      assert not pins[plugin].specifier.contains("0.0.1"), (plugin, str(pins[plugin].specifier))
+
+
 def _network_failure(text: str) -> str | None:
   marks = ("NewConnectionError", "Failed to establish a new connection", "Temporary failure in name resolution",
            "Name or service not known", "Network is unreachable", "ConnectTimeout", "ReadTimeoutError")
   return next((l.strip() for l in text.splitlines() if any(m in l for m in marks)), None)
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("extra,plugin", [("gpu", "jax-cuda13-plugin"), ("cuda12", "jax-cuda12-plugin"),
-                                          ("tpu", "libtpu")])
-def test_pip_resolves_each_accelerator_extra(extra, plugin, tmp_path):
-  """pip resolves the extra's requirements (a dry run, nothing installed) to jax, a jaxlib of the
-  same version and the accelerator's plugin (for CUDA, of that version too). Skipped, naming the
-  error, when the package index cannot be reached.
-
-  Break checked: `GPU = ["jax[gpu13]>=0.7"]` in setup.py (pip only warns on an extra jax does not
-  declare, and resolves plain jax) fails on the missing plugin.
-  """
-  reqs = setup_kwargs()["extras_require"][extra]
-  report = tmp_path / "report.json"
-  cmd = [sys.executable, "-m", "pip", "install", "--dry-run", "--ignore-installed", "--quiet",
-         "--timeout", "30", "--retries", "1", "--report", str(report), *reqs]
-  proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
+def _pip(*args: str, timeout: int = 600) -> subprocess.CompletedProcess:
+  proc = subprocess.run([sys.executable, "-m", "pip", *args, "--timeout", "30", "--retries", "1"],
+                        capture_output=True, text=True, timeout=timeout)
   if proc.returncode != 0:
     reason = _network_failure(proc.stdout + proc.stderr)
     if reason:
       pytest.skip(f"the package index is unreachable: {reason}")
-    pytest.fail(f"pip could not resolve .[{extra}] = {reqs}:\n{proc.stderr[-3000:]}")
+  return proc
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("extra", sorted(PLUGIN))
+def test_the_package_index_has_what_each_accelerator_extra_asks_for(extra):
+  """`pip index versions` (no download) lists a version of jax that the extra accepts and the
+  plugin version jax pins for it (for CUDA exactly the installed jax's, for the TPU the libtpu
+  series it names). Skipped, naming the error, when the package index cannot be reached. (A full
+  `pip install --dry-run` of a CUDA extra downloads ~2.5 GB of CUDA wheels with this pip, which
+  reads their metadata from the wheels: 1 to 3 min each; the TPU one runs below.)
+
+  Break checked: `GPU = ["jax[cuda13]>=0.99"]` in setup.py (no such jax) fails on jax here.
+  """
+  plugin = PLUGIN[extra]
+  (req,) = [Requirement(r) for r in setup_kwargs()["extras_require"][extra]]
+  (jax_extra,) = req.extras
+  for want in (req, _plugin_pins(jax_extra)[plugin]):
+    proc = _pip("index", "versions", want.name, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    m = re.search(r"Available versions: (.*)", proc.stdout)
+    assert m, proc.stdout
+    available = [v.strip() for v in m.group(1).split(",")]
+    assert list(want.specifier.filter(available)), (extra, str(want), available[:10])
+
+
+@pytest.mark.slow
+def test_pip_resolves_the_tpu_extra(tmp_path):
+  """pip resolves `.[tpu]`'s requirements (a dry run: nothing installed, libtpu's wheel downloaded,
+  ~140 MB) to jax, a jaxlib of the same version and libtpu. Skipped, naming the error, when the
+  package index cannot be reached.
+
+  Break checked: `TPU = ["jax[tpus]>=0.7"]` in setup.py (pip only warns on an extra jax does not
+  declare, and resolves plain jax) fails on the missing libtpu.
+  """
+  reqs = setup_kwargs()["extras_require"]["tpu"]
+  report = tmp_path / "report.json"
+  proc = _pip("install", "--dry-run", "--ignore-installed", "--quiet", "--report", str(report), *reqs)
+  assert proc.returncode == 0, f"pip could not resolve .[tpu] = {reqs}:\n{proc.stderr[-3000:]}"
   got = {canonicalize_name(i["metadata"]["name"]): i["metadata"]["version"]
          for i in json.loads(report.read_text())["install"]}
-  assert plugin in got, f".[{extra}] resolved without {plugin}: {sorted(got)}"
+  assert "libtpu" in got, f".[tpu] resolved without libtpu: {sorted(got)}"
   assert got["jax"] == got["jaxlib"], got
-  if plugin.startswith("jax-"):
-    assert got[plugin] == got["jax"], (plugin, got[plugin], got["jax"])
