@@ -124,15 +124,41 @@ def critic_record(workdir: str, name: str, sha: str | None = None) -> dict | Non
           "readout": out, "wall_s": (_json(os.path.join(workdir, "wall.json")) or {}).get("wall_s")}
 
 
+CEILING_TASKS = 256  # the RL cells' eval tasks (configs/study.py): the ceiling is measured on the same ones
+
+
+def ceiling(env_name: str, kwargs: dict, seeds) -> float | None:
+  """The probe's ceiling: the share of these tasks the env's expert policy succeeds on (None when the
+  env cannot be built here, e.g. TextArena not installed)."""
+  from mtrl_jax.envs import registry
+  try:
+    env = registry.make(env_name, **kwargs)
+  except Exception:  # noqa: BLE001 (an optional dependency missing: no ceiling, not a failed record)
+    return None
+  wins = 0
+  for seed in seeds:
+    env.reset(seed)
+    while True:
+      step = env.step(env.expert_action())
+      if step.terminated or step.truncated:
+        wins += bool(step.info.get("success"))
+        break
+  return wins / len(seeds)
+
+
 def warm_record(workdir: str, name: str, sha: str | None = None) -> dict | None:
-  """A warm start's behaviour-cloning eval (the probe table), or None when unfinished."""
+  """A warm start's behaviour-cloning eval (the probe table) and the probe's ceiling, or None when unfinished."""
   sft = [r for r in read_metrics(workdir) if r.get("stage") == "sft" and r.get("eval/success") is not None]
   if not sft:
     return None
   cfg = _json(os.path.join(workdir, "config.json")) or {}
+  env, off = cfg.get("env") or {}, (cfg.get("eval") or {}).get("seed_offset")
+  top = (ceiling(env["name"], dict(env.get("kwargs") or {}), range(off, off + CEILING_TASKS))
+         if env.get("name") and off is not None else None)
   return {"schema": SCHEMA, "kind": "warm", "warm": name, "commit": sha or commit(),
           "sft_steps": (cfg.get("sft") or {}).get("steps"), "success": _f(sft[-1]["eval/success"]),
-          "greedy_success": _f(sft[-1].get("eval/greedy_success")),
+          "greedy_success": _f(sft[-1].get("eval/greedy_success")), "ceiling": top,
+          "ceiling_tasks": CEILING_TASKS if top is not None else None,
           "wall_s": (_json(os.path.join(workdir, "wall.json")) or {}).get("wall_s")}
 
 
@@ -156,7 +182,9 @@ def write(out: str, rec: dict) -> str:
 def load(out: str) -> dict:
   """{"runs": {(cell, seed): rec}, "critics": {(warm, seed): rec}, "warm": {warm: rec}} from OUT."""
   got = {"runs": {}, "critics": {}, "warm": {}}
-  for path in sorted(glob.glob(os.path.join(out, "*", "**", "*.json"), recursive=True)):
+  paths = [p for kind in ("runs", "critics", "warm") for p in glob.glob(os.path.join(out, kind, "**", "*.json"),
+                                                                         recursive=True)]
+  for path in sorted(paths):
     rec = _json(path)
     if not rec or rec.get("schema") != SCHEMA:
       continue

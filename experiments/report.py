@@ -1,12 +1,14 @@
-"""docs/STUDY.md and its figures from the runs of the credit-assignment study (experiments/study.py).
+"""docs/STUDY.md and its figures from the study's per-run records in docs/study/ (and nothing else).
 
-  python experiments/report.py --root ROOT [--out docs/STUDY.md] [--figdir docs/study] [--boot 2000]
+  python experiments/report.py [--records docs/study] [--out docs/STUDY.md] [--figdir docs/study]
 
-Reads ROOT/runs/<cell>,seed=<s>/metrics.jsonl (+ wall.json, config.json) and
-ROOT/warm/<probe>/metrics.jsonl. A run counts once its final `eval` line is
-there; the others are listed as missing and left out of every number. Prints
-the markdown path, then (last line) one JSON object with every verdict. The
-same ROOT gives the same STUDY.md, byte for byte, but for the date line.
+Reads the records experiments/study.py writes as each job finishes
+(experiments/records.py: runs/<cell>/seed=<s>.json, critics/, warm/, lab/):
+the repo alone regenerates the report. The statistics are experiments/stats.py's
+(paired per-seed differences, t intervals, Holm, MDE); this file lays out
+tables. Prints the markdown path, then (last line) one JSON object with every
+verdict. The same records give the same STUDY.md, byte for byte, but for the
+date line.
 """
 from __future__ import annotations
 
@@ -16,7 +18,6 @@ import glob
 import json
 import os
 import re
-import shutil
 import sys
 
 import matplotlib
@@ -26,116 +27,36 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import records as records_mod  # noqa: E402
 import stats  # noqa: E402
-from mtrl_jax.metrics import read_metrics  # noqa: E402
-from plot import rl_curves  # noqa: E402
-from study import CONFIG, E6_SEEDS, EXPERIMENTS, PROBES, SEEDS, warm_name  # noqa: E402
+from study import CONFIG, E6_SEEDS, EXPERIMENTS, PROBES, SEEDS, critic_warm, warm_name  # noqa: E402
 
 AUC_DEF = ("AUC = area under rollout success vs `tokens_seen` (trapezoid over the RL steps) divided by "
            "the token span: the token-weighted mean training success, higher = learns sooner per token.")
-
-
-def _json(path: str) -> dict | None:
-  try:
-    with open(path) as f:
-      return json.load(f)
-  except (OSError, json.JSONDecodeError):
-    return None
-
-
-def load_run(workdir: str) -> dict | None:
-  """One finished run's numbers; None if it has no final `eval` line (unfinished or absent)."""
-  if not os.path.isfile(os.path.join(workdir, "metrics.jsonl")):
-    return None
-  recs = read_metrics(workdir)
-  finals = [r for r in recs if r.get("stage") == "eval" and r.get("eval/success") is not None]
-  if not finals:
-    return None
-  c = rl_curves(recs)  # drops the steps a resumed run rewrote
-  steps, tokens, succ = c.get("rollout/success", ([], [], []))
-  stale = [r["staleness/mean"] for r in recs if r.get("stage") == "rl" and r.get("staleness/mean") is not None]
-  rl = [r for r in recs if r.get("stage") == "rl" and r.get("ledger/turns")]
-  invalid = [r.get("ledger/invalid_actions", 0.0) / r["ledger/turns"] for r in rl]
-  critic = {k: float(np.mean(v)) for k in ("explained_variance", "oracle_explained_variance", "decision_gap",
-                                            "oracle_decision_gap")
-            if (v := [r[f"value/{k}"] for r in recs if r.get("stage") == "rl" and r.get(f"value/{k}") is not None])}
-  return {"final": float(finals[-1]["eval/success"]), "auc": stats.auc(tokens, succ),
-          "invalid_max": max(invalid) if invalid else None, "critic_rl": critic,
-          "curve": dict(zip(steps, zip(tokens, succ))), "tokens": c["tokens"][-1] if c["tokens"] else None,
-          "staleness": float(np.mean(stale)) if stale else None,
-          "wall": (_json(os.path.join(workdir, "wall.json")) or {}).get("wall_s"),
-          "config": _json(os.path.join(workdir, "config.json"))}
-
-
 CRITIC_BAR = 0.8  # a pretrained critic is fit to test a claim when its EV >= this x the oracle's
 INVALID_BAR = 0.05  # an arm "lost the action format" when invalid actions exceed this share of turns
+METRICS = ("final", "auc")
+# The study run of 2026-11-26/27 whose per-run data was not kept (its root, /tmp/st21, is gone).
+LOST = ("acf1d62", "/tmp/st21")
 
 
-def load_critic(workdir: str) -> dict | None:
-  """A critic warm start's final readout (value pretraining's last, held-out batch), or None."""
-  if not os.path.isfile(os.path.join(workdir, "metrics.jsonl")):
-    return None
-  final = [r for r in read_metrics(workdir) if r.get("value_pretrain/final")]
-  if not final:
-    return None
-  r = final[-1]
-  out = {k: r.get(f"value_pretrain/{k}") for k in ("explained_variance", "oracle_explained_variance", "r2",
-                                                    "decision_gap", "oracle_decision_gap", "critic_steps")}
-  ev, oracle = out["explained_variance"], out["oracle_explained_variance"]
-  out["ratio"] = ev / oracle if ev is not None and oracle else None
-  out["fit"] = out["ratio"] is not None and out["ratio"] >= CRITIC_BAR
-  return out
+class Mean:
+  """A cell's mean over seeds with a t interval (descriptive; the claims are judged on paired differences)."""
 
-
-def critics(root: str) -> dict:
-  """(warm start, seed) -> critic readout, for every critic warm start under ROOT/warm/."""
-  out = {}
-  for d in sorted(glob.glob(os.path.join(root, "warm", "*,critic,seed=*"))):
-    warm, _, seed = os.path.basename(d).rpartition(",critic,seed=")
-    out[(warm, int(seed))] = load_critic(d)
-  return out
-
-
-def cell_critic(cell, crit: dict) -> dict | None:
-  """The pretrained critics a cell's runs started from: their readouts over seeds, or None (no critic warm start)."""
-  from study import critic_warm
-  names = sorted({cw for s in SEEDS if (cw := critic_warm(cell, s))})  # the seeds share the probe's critic
-  got = [crit.get((cell.warm, int(n.rpartition(",critic,seed=")[2]))) for n in names]
-  if not got:
-    return None
-  done = [g for g in got if g]
-  mean = lambda k: float(np.mean([g[k] for g in done if g.get(k) is not None])) if done else None  # noqa: E731
-  return {"n": len(done), "ev": mean("explained_variance"), "oracle": mean("oracle_explained_variance"),
-          "ratio": mean("ratio"), "fit_seeds": sum(bool(g["fit"]) for g in done), "seeds": len(got)}
-
-
-def cell_stats(exp, runs: dict, boot: int, crit: dict | None = None) -> dict:
-  """label -> the cell's finished runs, missing run names and its estimates over seeds."""
-  out = {}
-  for cell in exp.cells:
-    names = [f"{cell.name},seed={s}" for s in exp.seeds]
-    done = [runs[n] for n in names if runs[n] is not None]
-    vals = {k: [r[k] for r in done if r.get(k) is not None]
-            for k in ("final", "auc", "tokens", "staleness", "wall", "invalid_max")}
-    rl_critic = {k: [r["critic_rl"][k] for r in done if k in r.get("critic_rl", {})]
-                 for k in ("explained_variance", "oracle_explained_variance")}
-    out[cell.label] = {"cell": cell, "runs": done, "missing": [n for n in names if runs[n] is None], **vals,
-                       "critic": cell_critic(cell, crit or {}), "critic_rl": rl_critic,
-                       "final_est": stats.bootstrap_ci(vals["final"], boot),
-                       "auc_est": stats.bootstrap_ci(vals["auc"], boot)}
-  return out
+  def __init__(self, values):
+    self.values = [float(v) for v in values]
+    self.n = len(self.values)
+    self.mean = float(np.mean(self.values)) if self.values else None
+    self.lo, self.hi = (stats.t_interval(self.values) if self.n >= 2 and np.std(self.values) > 0
+                        else (self.mean, self.mean))
 
 
 def _ci(e) -> str:
-  return "—" if e is None else f"{e.mean:.3f} [{e.lo:.3f}, {e.hi:.3f}]"
+  return "—" if e is None or e.mean is None else f"{e.mean:.3f} [{e.lo:.3f}, {e.hi:.3f}]"
 
 
-def _mean(xs, fmt="{:.3f}") -> str:
-  return fmt.format(float(np.mean(xs))) if xs else "—"
-
-
-def _tok(xs) -> str:
-  return "—" if not xs else f"{np.mean(xs) / 1e3:.1f}k"
+def _num(x, fmt="{:.2f}") -> str:
+  return "—" if x is None else fmt.format(x)
 
 
 def _table(header, rows) -> str:
@@ -143,12 +64,154 @@ def _table(header, rows) -> str:
                    + ["| " + " | ".join(map(str, r)) + " |" for r in rows])
 
 
+# ------------------------------------------------------------------ per cell
+
+
+def cell_critic(cell, crit: dict) -> dict | None:
+  """The pretrained critic a cell's runs started from (the probe's one critic warm start), or None."""
+  names = sorted({cw for s in SEEDS if (cw := critic_warm(cell, s))})
+  if not names:
+    return None
+  got = [crit.get((cell.warm, int(n.rpartition(",critic,seed=")[2]))) for n in names]
+  done = [g["readout"] for g in got if g]
+  if not done:
+    return {"n": 0, "seeds": len(got), "ev": None, "oracle": None, "ratio": None, "fit_seeds": 0}
+  ev = float(np.mean([g["explained_variance"] for g in done]))
+  oracle = float(np.mean([g["oracle_explained_variance"] for g in done]))
+  ratios = [g["explained_variance"] / g["oracle_explained_variance"] for g in done if g["oracle_explained_variance"]]
+  ratio = float(np.mean(ratios)) if ratios else None
+  return {"n": len(done), "seeds": len(got), "ev": ev, "oracle": oracle, "ratio": ratio,
+          "fit_seeds": sum(r >= CRITIC_BAR for r in ratios)}
+
+
+def cell_stats(exp, runs: dict, crit: dict) -> dict:
+  """label -> the cell's records by seed, missing seeds, per-seed metrics and descriptive means."""
+  out = {}
+  for cell in exp.cells:
+    recs = {s: runs[(cell.name, s)] for s in exp.seeds if (cell.name, s) in runs}
+    by = {"final": {s: r["final"]["success"] for s, r in recs.items()},
+          "auc": {s: r["auc"] for s, r in recs.items() if r.get("auc") is not None}}
+    out[cell.label] = {
+        "cell": cell, "recs": recs, "missing": [f"{cell.name},seed={s}" for s in exp.seeds if s not in recs],
+        **by, "final_est": Mean(by["final"].values()), "auc_est": Mean(by["auc"].values()),
+        "invalid_max": [r["invalid_share"]["max"] for r in recs.values() if r.get("invalid_share")],
+        "tokens": [r["rollout"]["tokens"][-1] for r in recs.values() if r["rollout"]["tokens"]],
+        "wall": [r["wall_s"] for r in recs.values() if r.get("wall_s")],
+        "staleness": [r["staleness"] for r in recs.values() if r.get("staleness") is not None],
+        "critic": cell_critic(cell, crit),
+        "critic_rl": {k: [r["critic"][k] for r in recs.values() if k in (r.get("critic") or {})]
+                      for k in ("explained_variance", "oracle_explained_variance")}}
+  return out
+
+
+def untested_because(cs: dict, *labels) -> str | None:
+  """Why a comparison cannot test its claim: a side without runs, a pretrained critic below the bar, or None."""
+  unrun = [lab for lab in labels if not cs[lab]["recs"]]
+  if unrun:
+    return "no records of " + " and ".join(f"`{lab}`" for lab in unrun)
+  weak = [f"`{lab}`'s critic EV {c['ev']:.2f} = {c['ratio']:.2f} x the oracle's {c['oracle']:.2f}"
+          for lab in labels if (c := cs[lab]["critic"]) and c["ratio"] is not None and c["ratio"] < CRITIC_BAR]
+  missing = [f"`{lab}` has no critic record" for lab in labels if (c := cs[lab]["critic"]) and c["n"] == 0]
+  why = weak + missing
+  return "; ".join(why) + f" (bar: {CRITIC_BAR} x the oracle's EV before RL)" if why else None
+
+
+# ------------------------------------------------------------------ tests and verdicts
+
+
+def paired_tests(cs: dict, a: str, b: str) -> dict:
+  """metric -> (seeds, PairedTest or None) for "a beats b" over the seeds both cells have."""
+  out = {}
+  for m in METRICS:
+    seeds, d = stats.paired(cs[a][m], cs[b][m])
+    out[m] = (seeds, stats.paired_test(d))
+  return out
+
+
+def study_tests(exps: list, cstats: dict) -> dict:
+  """Every claim, factor contrast and control of the study, tested; Holm over the claims' and the
+  factors' tests (both metrics) of the whole study; controls unadjusted (a check of the design)."""
+  items = []
+  for exp in exps:
+    cs = cstats[exp.id]
+    for kind, pairs in (("claim", [(a, b, None) for a, b in exp.comparisons]), ("factor", exp.factors),
+                        ("control", [(a, b, None) for a, b in exp.controls])):
+      for a, b, what in pairs:
+        why = untested_because(cs, a, b)
+        items.append({"exp": exp.id, "kind": kind, "a": a, "b": b, "factor": what, "untested": why,
+                      "tests": {} if why else paired_tests(cs, a, b)})
+  family = [(i, m) for i, it in enumerate(items) if it["kind"] != "control"
+            for m, (_, t) in it["tests"].items() if t is not None]
+  adj = stats.holm([items[i]["tests"][m][1].p for i, m in family])
+  for (i, m), p in zip(family, adj):
+    items[i].setdefault("p_adj", {})[m] = p
+  for it in items:
+    it["judged"] = {m: stats.judge(t, it.get("p_adj", {}).get(m)) for m, (_, t) in it["tests"].items()}
+    if it["kind"] == "control":
+      it["separates"] = any(stats.separates(t) for _, t in it["tests"].values())
+  return {"items": items, "family": len(family)}
+
+
+def control_ok(exp, items: list, label: str) -> bool | None:
+  """Did the positive control powering a comparison of `label` separate? None: no control ran."""
+  ctl = exp.control_for(label)
+  it = next((i for i in items if i["exp"] == exp.id and i["kind"] == "control" and ctl and (i["a"], i["b"]) == ctl),
+            None)
+  return None if it is None or it["untested"] else it["separates"]
+
+
+def comparison_verdict(exp, it: dict, items: list) -> str:
+  if it["untested"]:
+    return f"not tested ({it['untested']})"
+  mdes = [t.mde for _, t in it["tests"].values() if t is not None]
+  return stats.paired_verdict([tuple(it["judged"].values())], mdes, control_ok(exp, items, it["a"]))
+
+
+def experiment_verdict(exp, items: list) -> str:
+  claims = [i for i in items if i["exp"] == exp.id and i["kind"] == "claim"]
+  tested = [i for i in claims if not i["untested"]]
+  if not tested:
+    return "not tested (" + "; ".join(sorted({i["untested"] for i in claims})) + ")" if claims else "not tested"
+  oks = [control_ok(exp, items, i["a"]) for i in tested]
+  control = False if False in oks else (True if True in oks else None)
+  mdes = [t.mde for i in tested for _, t in i["tests"].values() if t is not None]
+  return stats.paired_verdict([tuple(i["judged"].values()) for i in tested], mdes, control)
+
+
+def _diff(t) -> str:
+  return "—" if t is None else f"{t.mean:+.3f} [{t.lo:+.3f}, {t.hi:+.3f}]"
+
+
+def comparison_rows(items: list) -> list:
+  rows = []
+  for it in items:
+    label = f"{it['a']} > {it['b']}" + (f" ({it['factor']})" if it["factor"] else "")
+    if it["untested"]:
+      rows.append([label, "—", "not tested", "", "", "", "", "", ""])
+      continue
+    for m, (seeds, t) in it["tests"].items():
+      p_adj = it.get("p_adj", {}).get(m)
+      rows.append([label, m, len(seeds), _diff(t), _num(t and t.dz), _num(t and t.p, "{:.3f}"),
+                   _num(p_adj, "{:.3f}") if it["kind"] != "control" else "(control: unadjusted)",
+                   _num(t and t.mde, "{:.3f}"),
+                   it["judged"][m] if it["kind"] != "control" else
+                   ("separates" if stats.separates(t) else "does not separate")])
+  return rows
+
+
+TEST_HEADER = ["comparison (A > B)", "metric", "seeds paired", "mean A - B [95% t interval]", "dz", "p",
+               "Holm p", "MDE (power 0.8)", "judged"]
+
+
+
+# ------------------------------------------------------------------ tables and figures
+
+
 def grid(exp) -> tuple[list[str], list[int]] | None:
   """(arms, horizons) when every label is '<arm> h<H>' (E1; an arm may lack some horizons), else None."""
   parts = [re.fullmatch(r"(.+) h(\d+)", c.label) for c in exp.cells]
   if not all(parts):
     return None
-  # arms in order of first appearance at the horizon with the most arms
   hs = sorted({int(m[2]) for m in parts})
   widest = max(hs, key=lambda h: sum(int(m[2]) == h for m in parts))
   arms = list(dict.fromkeys([m[1] for m in parts if int(m[2]) == widest] + [m[1] for m in parts]))
@@ -156,123 +219,65 @@ def grid(exp) -> tuple[list[str], list[int]] | None:
 
 
 def cell_table(exp, cs: dict) -> str:
-  g = grid(exp)
-  if g:  # arms as rows, one column group per horizon
-    arms, hs = g
-    header = ["arm"] + [f"h{h} {k}" for h in hs for k in ("n", "final success", "AUC")]
-    def cols(label):
-      if label not in cs:
-        return ("—", "not in the study", "—")
-      return len(cs[label]["final"]), _ci(cs[label]["final_est"]), _ci(cs[label]["auc_est"])
-    rows = [[arm] + [x for h in hs for x in cols(f"{arm} h{h}")] for arm in arms]
-    return _table(header, rows)
-  stale = any(v for s in cs.values() for v in s["staleness"])  # E2's async cells; 0 for synchronous runs
+  stale = any(v for s in cs.values() for v in s["staleness"])  # E2's async cells
   header = ["cell", "n", "final success", "AUC"] + (["staleness (mean)"] if stale else []) + ["tokens / run"]
-  rows = [[label, len(s["final"]), _ci(s["final_est"]), _ci(s["auc_est"])]
-          + ([_mean(s["staleness"], "{:.2f}")] if stale else []) + [_tok(s["tokens"])] for label, s in cs.items()]
+  rows = [[label, s["final_est"].n, _ci(s["final_est"]), _ci(s["auc_est"])]
+          + ([_num(float(np.mean(s["staleness"])))] if stale and s["staleness"] else ["—"] if stale else [])
+          + ["—" if not s["tokens"] else f"{np.mean(s['tokens']) / 1e3:.1f}k"] for label, s in cs.items()]
   return _table(header, rows)
 
 
-def untested_because(cs: dict, *labels) -> str | None:
-  """Why a comparison cannot test its claim: a side without runs (a cell cut from this root), a
-  pretrained critic below the bar, or None."""
-  unrun = [lab for lab in labels if not cs[lab]["runs"]]
-  if unrun:
-    return "no runs of " + " and ".join(f"`{lab}`" for lab in unrun) + " in this root"
-  weak = [f"`{lab}`'s critic EV {c['ev']:.2f} = {c['ratio']:.2f} x the oracle's {c['oracle']:.2f}"
-          for lab in labels if (c := cs[lab]["critic"]) and c["ratio"] is not None and c["ratio"] < CRITIC_BAR]
-  missing = [f"`{lab}` has no critic readout" for lab in labels
-             if (c := cs[lab]["critic"]) and c["n"] == 0 and cs[lab]["runs"]]
-  why = weak + missing
-  return "; ".join(why) + f" (bar: {CRITIC_BAR} x the oracle's EV before RL)" if why else None
-
-
-def judge(exp, cs: dict, boot: int) -> tuple[str, list[dict]]:
-  """The experiment's verdict over its tested comparisons; a comparison whose critic did not
-  reach the bar is "not tested" and counts neither way."""
-  comps = []
-  for a, b in exp.comparisons:
-    comps.append({"a": a, "b": b, "final": stats.compare(cs[a]["final"], cs[b]["final"], boot),
-                  "auc": stats.compare(cs[a]["auc"], cs[b]["auc"], boot), "untested": untested_because(cs, a, b)})
-  tested = [c for c in comps if not c["untested"]]
-  if comps and not tested:
-    return "not tested", comps
-  return stats.verdict([(c["final"], c["auc"]) for c in tested]), comps
-
-
-def comparison_verdict(c: dict) -> str:
-  if c["untested"]:
-    return "not tested"
-  return stats.verdict([(c["final"], c["auc"])])
-
-
 def critic_table(cs: dict) -> str:
-  """Every critic cell's critic: before RL (the pretrained warm start) and during RL, beside the oracle."""
   rows = []
   for label, s in cs.items():
     pre, rl = s["critic"], s["critic_rl"]
     if pre is None and not rl["explained_variance"]:
       continue
-    fmt = lambda x: "—" if x is None else f"{x:.2f}"  # noqa: E731
-    rows.append([label,
-                 "no (vp off)" if pre is None else f"{pre['n']} of {pre['seeds']}",
-                 fmt(pre and pre["ev"]), fmt(pre and pre["oracle"]), fmt(pre and pre["ratio"]),
+    mean = lambda xs: _num(float(np.mean(xs))) if xs else "—"  # noqa: E731
+    rows.append([label, "no (vp off)" if pre is None else f"{pre['n']} of {pre['seeds']}",
+                 _num(pre and pre["ev"]), _num(pre and pre["oracle"]), _num(pre and pre["ratio"]),
                  "—" if pre is None else f"{pre['fit_seeds']} of {pre['n']}",
-                 _mean(rl["explained_variance"], "{:.2f}"), _mean(rl["oracle_explained_variance"], "{:.2f}")])
+                 mean(rl["explained_variance"]), mean(rl["oracle_explained_variance"])])
   if not rows:
     return ""
-  return ("Critics (explained variance of Monte-Carlo returns, held out; oracle = the mean return of the "
-          "sessions sharing the turn and the turn-0 decision, cross-fitted, train/critic_readout.py). "
-          f"\"Before RL\": the critic warm start each run started from; a critic is fit when its EV reaches "
-          f"{CRITIC_BAR} x the oracle's. \"During RL\": the mean over the run's updates, scored before each "
-          "update.\n\n" + _table(["cell", "pretrained critic", "EV before RL", "oracle EV", "EV / oracle",
-                                   "at the bar", "EV during RL", "oracle EV during RL"], rows))
-
-
-def verdict_sentence(exp, verdict: str, comps: list[dict], cs: dict) -> str:
-  parts = [f"{c['a']} vs {c['b']}: " + (f"not tested ({c['untested']})" if c["untested"] else
-           f"final {_ci(cs[c['a']]['final_est'])} vs {_ci(cs[c['b']]['final_est'])} ({c['final']}), "
-           f"AUC {_ci(cs[c['a']]['auc_est'])} vs {_ci(cs[c['b']]['auc_est'])} ({c['auc']})") for c in comps]
-  return f"**{exp.id}: {verdict}** ({exp.title}): " + "; ".join(parts) + "."
+  return ("Critics (explained variance of Monte-Carlo returns on value pretraining's held-out batch; oracle = "
+          "the mean return of the sessions sharing the turn and the turn-0 decision). A critic is fit when "
+          f"its EV reaches {CRITIC_BAR} x the oracle's (judged on the point ratio: the records hold no "
+          "per-session data for an interval on it).\n\n"
+          + _table(["cell", "pretrained critic", "EV before RL", "oracle EV", "EV / oracle", "at the bar",
+                    "EV during RL", "oracle EV during RL"], rows))
 
 
 def format_check(cs: dict) -> str:
-  """Which cells lost the action format on some seed (invalid actions above the bar in an update)."""
   lost = [f"`{label}` ({sum(x > INVALID_BAR for x in s['invalid_max'])} of {len(s['invalid_max'])} seeds, "
           f"worst {max(s['invalid_max']):.0%} of turns)" for label, s in cs.items()
           if s["invalid_max"] and max(s["invalid_max"]) > INVALID_BAR]
   if not lost:
-    return (f"Action format: every run kept invalid actions at or below {INVALID_BAR:.0%} of turns in every "
-            "update.")
-  return (f"Action format lost (invalid actions above {INVALID_BAR:.0%} of turns in some update): "
-          + "; ".join(lost) + ".")
+    return f"Action format: every run kept invalid actions at or below {INVALID_BAR:.0%} of turns in every update."
+  return f"Action format lost (invalid actions above {INVALID_BAR:.0%} of turns in some update): " + "; ".join(lost) + "."
 
 
 def figure(exp, cs: dict, path: str) -> None:
-  g = grid(exp)
-  fig, ax = plt.subplots(figsize=(10 if g else 7, 4.5))
-  if g or exp.figure == "bars":
-    groups = [[(f"{arm} h{h}", f"h{h}") for h in g[1]] for arm in g[0]] if g else [[(k, None)] for k in cs]
-    width = 0.8 / len(groups[0])
-    for j in range(len(groups[0])):
-      est = [cs[grp[j][0]]["final_est"] if grp[j][0] in cs else None for grp in groups]
-      mean = [e.mean if e else np.nan for e in est]
-      err = [[e.mean - e.lo if e else 0 for e in est], [e.hi - e.mean if e else 0 for e in est]]
-      ax.bar(np.arange(len(groups)) + (j - (len(groups[0]) - 1) / 2) * width, mean, width, yerr=err, capsize=3,
-             label=groups[0][j][1])
-    ax.set_xticks(np.arange(len(groups)), [grp[0][0].rsplit(" h", 1)[0] if g else grp[0][0] for grp in groups],
-                  rotation=30, ha="right", fontsize=8)
-    ax.set_ylabel("final eval success (mean, 95% bootstrap CI)")
-    if g:
-      ax.legend(title="horizon", fontsize=8)
-  else:  # mean rollout success vs mean tokens, at the steps every finished seed has; band = min..max
+  fig, ax = plt.subplots(figsize=(8, 4.5))
+  if exp.figure == "bars" or grid(exp):
+    labels = list(cs)
+    est = [cs[k]["final_est"] for k in labels]
+    mean = [e.mean if e.mean is not None else np.nan for e in est]
+    err = [[e.mean - e.lo if e.mean is not None else 0 for e in est],
+           [e.hi - e.mean if e.mean is not None else 0 for e in est]]
+    ax.bar(np.arange(len(labels)), mean, yerr=err, capsize=3)
+    ax.set_xticks(np.arange(len(labels)), labels, rotation=30, ha="right", fontsize=8)
+    ax.set_ylabel("final eval success (mean, 95% t interval over seeds)")
+  else:  # mean rollout success vs mean tokens over seeds, at the steps every seed has; band = min..max
     for label, s in cs.items():
-      steps = sorted(set.intersection(*(set(r["curve"]) for r in s["runs"]))) if s["runs"] else []
+      curves = [dict(zip(r["rollout"]["step"], zip(r["rollout"]["tokens"], r["rollout"]["success"])))
+                for r in s["recs"].values()]
+      steps = sorted(set.intersection(*(set(c) for c in curves))) if curves else []
       if not steps:
         continue
-      t_sr = np.array([[r["curve"][st][0] for r in s["runs"]] for st in steps])
-      y_sr = np.array([[r["curve"][st][1] for r in s["runs"]] for st in steps])
-      line, = ax.plot(t_sr.mean(1), y_sr.mean(1), label=f"{label} (n={len(s['runs'])})")
+      t_sr = np.array([[c[st][0] for c in curves] for st in steps])
+      y_sr = np.array([[c[st][1] for c in curves] for st in steps])
+      line, = ax.plot(t_sr.mean(1), y_sr.mean(1), label=f"{label} (n={len(curves)})")
       ax.fill_between(t_sr.mean(1), y_sr.min(1), y_sr.max(1), color=line.get_color(), alpha=0.12)
     ax.set_xlabel("tokens seen (generated + prefilled)")
     ax.set_ylabel("rollout success (mean over seeds; band min..max)")
@@ -286,272 +291,225 @@ def figure(exp, cs: dict, path: str) -> None:
   plt.close(fig)
 
 
-def section(exp, cs: dict, verdict: str, comps: list[dict], fig_rel: str, root: str) -> str:
-  done = [r for s in cs.values() for r in s["runs"]]
+def factor_sentence(items: list) -> str:
+  """Which factor contrasts differ after Holm, grouped by factor kind (normalisation / credit structure / scale)."""
+  hits = {}
+  for it in items:
+    if it["kind"] != "factor" or it["untested"]:
+      continue
+    kind = it["factor"].split(" (")[0].split(",")[0]
+    sig = [m for m, j in it["judged"].items() if j in ("A>B", "B>A")]
+    hits.setdefault(kind, []).append(f"`{it['a']}` vs `{it['b']}`: " + (
+        ", ".join(f"{m} {it['judged'][m]} ({_diff(it['tests'][m][1])})" for m in sig) if sig else "no difference "
+        f"after Holm (final {_diff(it['tests']['final'][1])}, MDE {_num(it['tests']['final'][1] and it['tests']['final'][1].mde, '{:.3f}')})"))
+  if not hits:
+    return ""
+  return "**Which differences are normalisation and which are credit structure.** " + " ".join(
+      f"{kind.capitalize()}: " + "; ".join(v) + "." for kind, v in hits.items())
+
+
+def section(exp, cs: dict, items: list, verdict: str, fig_rel: str) -> str:
+  recs = [r for s in cs.values() for r in s["recs"].values()]
   missing = [n for s in cs.values() for n in s["missing"]]
-  cfg = next((r["config"] for r in done if r["config"]), None)
-  sizes = (f"{cfg['rl']['steps']} RL steps x {cfg['rl']['tasks_per_update']} tasks x group "
-           f"{cfg['rl']['group_size']} (the runs' config.json)" if cfg
-           else "sizes: see configs/study.py (no config.json found)")
+  cfg = next((r["config"] for r in recs if r.get("config")), {})
+  sizes = (f"{cfg.get('rl.steps')} RL steps x {cfg.get('rl.tasks_per_update')} tasks x group "
+           f"{cfg.get('rl.group_size')}, eval on {cfg.get('eval.tasks')} held-out tasks (the records' config)"
+           if cfg else "sizes: see configs/study.py")
   walls = [w for s in cs.values() for w in s["wall"]]
-  wall = (f"{np.mean(walls) / 60:.1f} min per run, {np.sum(walls) / 3600:.2f} h in all ({len(walls)} runs timed)"
-          if walls else "not recorded")
+  wall = (f"{np.mean(walls) / 60:.1f} min per run ({len(walls)} timed)" if walls else "not recorded")
+  mine = [i for i in items if i["exp"] == exp.id]
   cells = "; ".join(f"`{label}` = `{s['cell'].name}`" for label, s in cs.items())
-  judged = [[f"{c['a']} > {c['b']}", _ci(cs[c["a"]]["final_est"]), _ci(cs[c["b"]]["final_est"]), c["final"],
-             _ci(cs[c["a"]]["auc_est"]), _ci(cs[c["b"]]["auc_est"]), c["auc"], comparison_verdict(c)]
-            for c in comps]
+  verdicts = [f"{i['a']} > {i['b']}: {comparison_verdict(exp, i, items)}" for i in mine if i["kind"] == "claim"]
+  ctl = [f"`{i['a']}` vs `{i['b']}`: " + ("not run" if i["untested"] else
+         ("separates" if i["separates"] else "**does not separate**") + f" (final {_diff(i['tests']['final'][1])}, "
+         f"AUC {_diff(i['tests']['auc'][1])})") for i in mine if i["kind"] == "control"]
+  fs = factor_sentence(mine)
   crit = critic_table(cs)
   return "\n".join([
       f"## {exp.id}: {exp.title}", "",
       f"**Question.** {exp.question}", "",
       f"**Published claim.** {exp.claim} ({exp.source})", "",
-      f"**Setup.** {exp.note + '. ' if exp.note else ''}Each run: `python -m mtrl_jax.main --config={CONFIG}:<cell>,seed=<s> "
-      f"--workdir={root}/runs/<cell>,seed=<s> --config.init_from={root}/warm/<warm start>`; {sizes}; "
-      f"seeds {', '.join(map(str, exp.seeds))}; {len(done)} runs finished, {len(missing)} missing; "
-      f"{_tok([t for s in cs.values() for t in s['tokens']])} tokens per run; CPU wall time {wall}.", "",
+      f"**Setup.** {exp.note + '. ' if exp.note else ''}{sizes}; seeds {', '.join(map(str, exp.seeds))}; "
+      f"{len(recs)} runs recorded, {len(missing)} missing; CPU wall time {wall}.", "",
       f"Cells: {cells}.", "",
       cell_table(exp, cs), "",
       *([crit, ""] if crit else []),
       format_check(cs), "",
       f"![{exp.id}]({fig_rel})", "",
-      "Claimed comparisons (A > B), judged on each metric: A>B / B>A when the 95% intervals are disjoint, "
-      f"overlap otherwise, n/a under {stats.MIN_N} seeds a side; \"not tested\" when a critic the claim "
-      "relies on did not reach the bar.", "",
-      _table(["claim", "final A", "final B", "final", "AUC A", "AUC B", "AUC", "verdict"], judged), "",
-      verdict_sentence(exp, verdict, comps, cs), "",
+      "**Positive control** (the reference arm against its advantages shuffled within the batch): "
+      + ("; ".join(ctl) if ctl else "none") + ".", "",
+      "Paired tests (A - B per seed; claims and factor contrasts in the study's Holm family):", "",
+      _table(TEST_HEADER, comparison_rows(mine)), "",
+      *([fs, ""] if fs else []),
+      f"**{exp.id}: {verdict}** ({exp.title}): " + "; ".join(verdicts) + ".", "",
       *([f"<details><summary>missing runs ({len(missing)})</summary>\n\n" + "\n".join(f"- `{m}`" for m in missing)
          + "\n\n</details>", ""] if missing else [])])
 
 
-def probe_table(root: str) -> str:
-  names = list(dict.fromkeys([warm_name(*p) for p in PROBES] + sorted(
-      os.path.basename(d) for d in glob.glob(os.path.join(root, "warm", "*")) if os.path.isdir(d))))
+def probe_table(warm: dict) -> str:
+  names = list(dict.fromkeys([warm_name(*p) for p in PROBES] + sorted(warm)))
   rows = []
   for name in names:
     kv = dict(p.split("=", 1) for p in name.split(",") if "=" in p)
-    wd = os.path.join(root, "warm", name)
-    sft = ([r for r in read_metrics(wd) if r.get("stage") == "sft" and r.get("eval/success") is not None]
-           if os.path.isfile(os.path.join(wd, "metrics.jsonl")) else [])
-    fmt = lambda k: "—" if sft[-1].get(k) is None else f"{sft[-1][k]:.3f}"  # noqa: E731
-    status = ("built", fmt("eval/success"), fmt("eval/greedy_success")) if sft else \
-        ("unfinished" if os.path.isdir(wd) else "not built", "—", "—")
-    cfg = _json(os.path.join(wd, "config.json")) or {}
-    steps = (cfg.get("sft") or {}).get("steps", "—")
-    rows.append([kv.get("probe", name), kv.get("horizon", "—"), steps, *status])
-  return _table(["probe", "horizon", "BC steps", "warm start", "sampled success", "greedy success"], rows)
-
-
-def lab_plot(root: str, figdir: str, rel: str) -> str:
-  """The credit-accuracy lab's agreement plot(s) and a table per lab run under ROOT/lab/."""
-  pngs = sorted(glob.glob(os.path.join(root, "lab", "*", "lab", "agreement.png"))
-                + glob.glob(os.path.join(root, "lab", "*", "agreement.png")))
-  if not pngs:
-    return ("lab plot: pending (`python experiments/study.py --root ROOT --lab` runs "
-            "`python -m mtrl_jax.lab.credit_accuracy` on E1's long-horizon warm start)")
-  out = []
-  for p in pngs:
-    run = os.path.relpath(p, os.path.join(root, "lab")).split(os.sep)[0]
-    name = f"lab_{run}.png"
-    shutil.copyfile(p, os.path.join(figdir, name))
-    out.append(f"![lab {run}]({rel}/{name})")
-    res = _json(os.path.join(os.path.dirname(p), "result.json"))
-    if res and res.get("estimators"):
-      far = max(len(r.get("agreement_by_distance") or []) for r in res["estimators"].values()) - 1
-      rows = []
-      critics = res.get("critics") or {}
-      for est, r in res["estimators"].items():
-        agr = r.get("agreement_by_distance") or []
-        cq = critics.get(r.get("critic")) or {}
-        rows.append([est, _num(agr[0] if agr else None), _num(agr[far] if len(agr) > far else None),
-                     _num(r.get("rank_corr")), _num(r.get("bias")), _num(r.get("variance")),
-                     _num(cq.get("explained_variance")), _num(cq.get("oracle_explained_variance"))])
-      out.append(f"`{run}`: {res.get('sessions')} sessions, {res.get('continuations')} continuations per "
-                 f"turn (env `{res.get('env')}`). Sign agreement with the Monte-Carlo ground-truth advantage "
-                 f"A* where |A*| > 2 standard errors, at distance 0 (the reward's turn) and {far} turns before it "
-                 f"(significant items there: {_sig(res, 0)} and {_sig(res, far)}; sampled success of the "
-                 f"policy {_num(res.get('success'))}):")
-      out.append(_table(["estimator", "agreement d=0", f"agreement d={far}", "rank corr", "bias", "variance",
-                         "critic EV", "oracle EV"], rows))
-      if critics:
-        out.append("Critic EV: the explained variance of the lab's sessions' Monte-Carlo returns by the critic "
-                   "the estimator reads (`mc`: value pretraining's; `coupled`: refitted on lambda 0.95 "
-                   "targets), on these sessions, which no critic was fitted on; oracle EV: the closed-form "
-                   "values' on the same sessions (— where the estimator reads no critic or the env declares "
-                   "no values).")
-      if res.get("env") == "bifurcation":
-        out.append("Note: `bifurcation` draws its payoff and its noise at reset, so every continuation "
-                   "from a history shares them: A* is the advantage given the episode's hidden draw. On "
-                   "the distractor turns no action changes the return, so A* there is known exactly "
-                   "(standard error 0) and is 0 up to float rounding; the significance test drops such "
-                   "items (|A*| must also exceed 1e-6), so the turn-0 choice (the farthest distance) "
-                   "carries the measurement.")
-  return "\n\n".join(out)
+    r = warm.get(name)
+    rows.append([kv.get("probe", name), kv.get("horizon", "—"), (r or {}).get("sft_steps", "—"),
+                 "built" if r else "no record", _num(r and r["success"], "{:.3f}"),
+                 _num(r and r.get("greedy_success"), "{:.3f}"), _num(r and r.get("ceiling"), "{:.3f}")])
+  return ("Warm start = behaviour cloning on quality-0.5 demos; ceiling = the share of the RL cells' 256 "
+          "held-out eval tasks the env's expert policy succeeds on (what a perfect policy reaches).\n\n"
+          + _table(["probe", "horizon", "BC steps", "warm start", "sampled success", "greedy success", "ceiling"],
+                   rows))
 
 
 def critic_warm_table(crit: dict) -> str:
-  """One row per critic warm start: the pretrained critic against the oracle, and the bar."""
   if not crit:
-    return "No critic warm start in this root."
-  fmt = lambda x: "—" if x is None else f"{x:.3f}"  # noqa: E731
+    return "No critic records."
   rows = []
-  for (warm, seed), r in sorted(crit.items()):
+  for (warm, seed), rec in sorted(crit.items()):
+    r = rec["readout"]
     kv = dict(p.split("=", 1) for p in warm.split(",") if "=" in p)
-    if r is None:
-      rows.append([kv.get("probe"), kv.get("horizon"), seed, "unfinished", "", "", "", "", "", ""])
-      continue
-    rows.append([kv.get("probe"), kv.get("horizon"), seed, r.get("critic_steps"), fmt(r["explained_variance"]),
-                 fmt(r["oracle_explained_variance"]), fmt(r["ratio"]), fmt(r["decision_gap"]),
-                 fmt(r["oracle_decision_gap"]), "yes" if r["fit"] else "**no**"])
-  return (f"Value pretraining (train/value_pretrain.py) of the critic each critic arm starts RL with, scored "
-          f"on a fresh held-out batch after the last fit: explained variance of Monte-Carlo returns, the "
-          f"oracle critic's on the same batch, their ratio (bar: {CRITIC_BAR}), and the value gap between the "
-          f"two turn-0 decisions (critic vs oracle; an arm-blind critic has a gap near 0).\n\n"
+    ratio = r["explained_variance"] / r["oracle_explained_variance"] if r.get("oracle_explained_variance") else None
+    rows.append([kv.get("probe"), kv.get("horizon"), seed, r.get("critic_steps"), _num(r["explained_variance"], "{:.3f}"),
+                 _num(r["oracle_explained_variance"], "{:.3f}"), _num(ratio, "{:.3f}"),
+                 _num(r.get("decision_gap"), "{:.3f}"), _num(r.get("oracle_decision_gap"), "{:.3f}"),
+                 "yes" if ratio is not None and ratio >= CRITIC_BAR else "**no**"])
+  return (f"Value pretraining of the critic each critic arm starts RL with, scored on a held-out batch: "
+          f"explained variance of Monte-Carlo returns, the oracle critic's, their ratio (bar: {CRITIC_BAR}) and "
+          "the value gap between the two turn-0 decisions.\n\n"
           + _table(["probe", "horizon", "seed", "critic steps", "EV", "oracle EV", "EV / oracle", "decision gap",
                     "oracle gap", "at the bar"], rows))
 
 
-def _sig(res: dict, d: int):
-  counts = res.get("significant_by_distance") or []
-  return counts[d] if d < len(counts) else "?"
+def lab_section(records_dir: str, figdir: str, rel: str) -> str:
+  """The lab's agreement plots already in the figure folder (docs/study/lab_*.png)."""
+  pngs = sorted(glob.glob(os.path.join(figdir, "lab_*.png")))
+  if not pngs:
+    return "No lab figure in the record folder."
+  return ("The credit-accuracy lab (`python -m mtrl_jax.lab.credit_accuracy`, docs/lab.md) on E1's warm "
+          "starts; its numbers are in docs/lab.md.\n\n"
+          + "\n\n".join(f"![{os.path.basename(p)}]({rel}/{os.path.basename(p)})" for p in pngs))
 
 
-def _num(x) -> str:
-  return "—" if x is None else f"{x:.2f}"
-
+STATS = f"""**Statistics.** The design is paired: at one seed every arm starts from the same warm start, trains on
+the same task seeds and is evaluated on the same 256 held-out tasks with the same eval keys. A claim "A beats
+B" is judged on the per-seed differences d = A - B (final success and AUC): their mean, a Student t 95%
+interval on it (its coverage at n = 8 was checked by simulation on a normal null: 95% +- 1.5 points; the
+per-arm percentile bootstrap this file used before covers about 88% there, tests/experiments/test_stats.py),
+the two-sided paired t p-value, the effect size dz = mean(d) / sd(d), and the minimum detectable effect (MDE:
+the true mean difference a paired t test at this n and this sd of d detects with power 0.8 at alpha 0.05).
+The p-values of every claim and factor contrast of the study, both metrics, form one Holm family (alpha
+{stats.ALPHA}). A claim is **reproduced** when A > B on some metric after Holm and B > A on none; **not
+reproduced** when B > A on some metric after Holm; **underpowered** when neither and the experiment's
+positive control did not separate (unadjusted p < {stats.ALPHA}, A > B on some metric): the design could not
+see a difference known to exist; **inconclusive (MDE x)** when neither and the control separated: no
+difference larger than about x would have been missed with probability above 0.2; **not tested** when a
+side has no records or its critic is below the bar. The per-cell intervals in the tables are t intervals of
+the mean over seeds: descriptive, not the test."""
 
 PROTOCOL = """**Setup, and what was tuned.** Every RL cell: the 2-layer d=64 byte model, 32 updates of 8 tasks x 4
 sessions, one minibatch, PPO clip 0.2 / 0.28, sampled at temperature 1, from its probe's warm start (600 steps
-of behaviour cloning on 1000 quality-0.5 demos), a format penalty of 0.1 per invalid reply in RL. One learning
-rate for every arm, rl.lr = 5e-4, chosen from pilots on bifurcation h8 at seeds 100 and 101 (not study seeds)
-with grpo, gae_lambda0.95 and gae_lambda1: at 2e-3 and 1e-3 the policy lost the action format within 16
-updates (invalid replies up to 84% of turns without the penalty); at 5e-4 and 7e-4 with 32 updates eval success
-rose from 0.59-0.69 to 0.77-0.84 and most runs kept invalid replies under 7% of turns. The critic arms share one
-critic recipe: a separate trunk initialised from the policy (critic lr 1e-3) and, with value pretraining on,
-the probe's one pretrained critic (value pretraining of 160 critic steps on Monte-Carlo targets of the warm
-start's sessions, 20 rounds of 32 tasks x 4 sessions, an optimiser of its own; every seed starts RL from it,
-as every seed starts from the one policy warm start). The length-adaptive arm uses alpha = 2 (lambda = 1 -
-1/(alpha l) ~ 0.98 at the ~26 action tokens of a bifurcation h8 session; VAPO's alpha 0.05 targets outputs of
-thousands of tokens and would give 0.23 here): chosen for the regime, not tuned. Nothing else was tuned, per
-method or at all. return_to_go uses gamma 0.9 (discounting over turns is its point); tree forks at turn 0 into 2
-(the 4 sessions of a task are 2 trees of 2 leaves). In the session layout ms_grpo credits every turn with the
-session's return, which is what grpo does: the two arms coincide there, and E5 compares the per-turn layouts."""
+of behaviour cloning on 1000 quality-0.5 demos), a format penalty of 0.1 per invalid reply in RL, eval at the
+warm start and after the last update on 256 held-out tasks. One learning rate for every arm, rl.lr = 5e-4,
+chosen from pilots on bifurcation h8 at seeds 100 and 101 (not study seeds) with grpo, gae_lambda0.95 and
+gae_lambda1. The critic arms share one critic recipe: a separate trunk initialised from the policy (critic lr
+1e-3) and, with value pretraining on, the probe's one pretrained critic (160 critic steps on Monte-Carlo
+targets of the warm start's sessions). The length-adaptive arm uses alpha = 2 (lambda ~ 0.98 at the ~26
+action tokens of a bifurcation h8 session): chosen for the regime, not tuned. Normalisation is a factor of
+its own: grpo / ms_grpo divide the group-centred return by the group std, dr_grpo (Dr. GRPO) and gigpo do
+not, gigpo_std does, rloo is dr_grpo's advantage times G / (G - 1). Every experiment's positive control is
+its reference arm with the advantages permuted over the batch's action tokens each update
+(rl.shuffle_advantages: the same values, their pairing with the tokens broken)."""
 
 
-def cost(root: str, runs: dict) -> str:
-  """What the finished runs and warm starts took, from their wall.json (written by study.py)."""
-  run_s = [r["wall"] for r in runs.values() if r and r.get("wall")]
-  warm_s = [w for w in (( _json(p) or {}).get("wall_s") for p in
-                        sorted(glob.glob(os.path.join(root, "warm", "*", "wall.json")))) if w]
-  total = sum(run_s) + sum(warm_s)
-  return (f"**Cost.** {len(run_s)} runs took {sum(run_s) / 3600:.2f} h of wall time in all (median "
-          f"{np.median(run_s) if run_s else float('nan'):.0f} s each) and {len(warm_s)} warm starts "
-          f"{sum(warm_s) / 3600:.2f} h, measured two at a time on the 2-core CPU (`--parallel 2`, where two runs "
-          f"share the cores): about {total / 2 / 3600:.1f} h elapsed for the whole study. Timings are inflated "
-          f"by whatever else shared the machine; a run with a warm JAX compilation cache and an idle core takes "
-          f"about 25 s (no critic) to 60 s (critic arms, with value pretraining).")
-
-
-def _launches(root: str) -> str:
-  """The study.py command lines this root was run with (ROOT/study.json), as a sentence."""
-  path = os.path.join(root, "study.json")
-  if not os.path.isfile(path):
-    return ""
-  with open(path) as f:
-    argvs = list(dict.fromkeys(" ".join(json.loads(line).get("argv", [])) for line in f if line.strip()))
-  cmds = "; ".join(f"`python experiments/study.py {a}`" for a in argvs)
-  return f"This root was run with: {cmds}.\n\n"
-
-
-def header(root: str, n_runs: int, n_missing: int, date: str) -> str:
+def header(n_runs: int, n_missing: int, date: str, records_dir: str) -> str:
   return f"""# The credit-assignment study
 
 The experiments re-test published claims about credit assignment in multi-turn RL of LM agents (which
 advantage estimators still credit an early decisive turn, decoupled PPO under staleness, value pretraining,
 decoupled lambdas, MS-GRPO's per-turn samples, step- and turn-level credit without a critic) on small probe
-tasks; E1 runs on two probes (E1: bifurcation, E1m: memory without the hint), E6 on both. Each cell is one
-`{CONFIG}` argument set, run over seeds {', '.join(map(str, SEEDS))} (E6: {', '.join(map(str, E6_SEEDS))})
-from the probe's shared warm start, so cells differ only in what RL does.
-Final success = the last `eval` stage (64 tasks). {AUC_DEF} Intervals: 95% percentile bootstrap of the mean
-over seeds (fixed RNG; one seed = the value itself). A claim "A beats B" counts as reproduced when A's interval
-lies above B's on final success or on AUC and nowhere below; not reproduced when B's lies above A's on either.
+tasks. Each cell is one `{CONFIG}` argument set, run over seeds {', '.join(map(str, SEEDS))} (E6:
+{', '.join(map(str, E6_SEEDS))}) from the probe's shared warm start, so cells differ only in what RL does.
+Final success = the final eval stage (256 held-out tasks). {AUC_DEF}
+
+{STATS}
 
 {PROTOCOL}
 
+**Data.** This file is generated from the per-run records in `{records_dir}` alone
+(`python experiments/report.py`; schema in experiments/records.py). The study run reported at commit
+{LOST[0]} (root {LOST[1]}, 160 runs) kept no per-run data: its tables and verdicts (that file's history)
+cannot be recomputed and are not repeated here; they compared per-arm percentile-bootstrap intervals by
+overlap, without the pairing, the positive controls or a multiplicity correction.
+
 Generated: {date}
-Runs: {n_runs} finished, {n_missing} missing (of the plan: every cell x seed; missing runs are listed per experiment).
+Runs: {n_runs} recorded, {n_missing} missing (of the plan: every cell x seed).
 
-{_launches(root)}Reproduce (CPU, resumable; relaunching skips finished runs):
+Reproduce (CPU, resumable; each finished run writes its record under docs/study/):
 ```bash
-python experiments/study.py --root {root} --parallel 2 --probes --lab
-python experiments/report.py --root {root}
-```
-Scale out: every run is a plain `python -m mtrl_jax.main` job, so an experiment's grid can go through
-`launch/sweep.sh`, which runs `experiments/sweep.py` on every worker of a TPU VM (one process per host;
-on a multi-host slice all hosts run the same sweep in lockstep and the root must be a shared folder, see
-launch/README.md). Listing the grid keys in the cell-name order (probe, horizon, arm, then the varied keys)
-gives the same run folders as study.py, e.g. `launch/sweep.sh --config configs/study.py --grid
-'probe=bifurcation;horizon=8;arm=grpo,gae_lambda1;seed=0,1,2,3,4' --root ROOT/runs
---config.init_from=ROOT/warm/probe=bifurcation,horizon=8` after building that warm start with
-`launch/run_all.sh --config={CONFIG}:probe=bifurcation,horizon=8,stage=warm
---workdir=ROOT/warm/probe=bifurcation,horizon=8`.
-study.py itself has no TPU launcher, and sweep.py writes no `wall.json` (wall time then reads "not recorded")."""
+python experiments/study.py --root ROOT --parallel 2 --probes --lab
+python experiments/report.py
+```"""
 
 
-def report(root: str, out: str, figdir: str, boot: int = stats.BOOT, date: str | None = None) -> dict:
-  root = os.path.abspath(root)
+def report(records_dir: str, out: str, figdir: str, date: str | None = None, figures: bool = True) -> dict:
+  """Writes `out` (and the figures, unless `figures` is False) from the records in `records_dir`; returns
+  every verdict."""
+  got = records_mod.load(records_dir)
+  runs = got["runs"]
   os.makedirs(figdir, exist_ok=True)
   rel = os.path.relpath(figdir, os.path.dirname(os.path.abspath(out)))
-  names = {f"{c.name},seed={s}" for e in EXPERIMENTS for c in e.cells for s in e.seeds}
-  runs = {n: load_run(os.path.join(root, "runs", n)) for n in sorted(names)}
-  crit = critics(root)
+  cstats = {e.id: cell_stats(e, runs, got["critics"]) for e in EXPERIMENTS}
+  ran = [e for e in EXPERIMENTS if any(s["recs"] for s in cstats[e.id].values())]
+  tests = study_tests(ran, cstats)
+  items = tests["items"]
   result, sections, headline = {}, [], []
   for exp in EXPERIMENTS:
-    cs = cell_stats(exp, runs, boot, crit)
-    if not any(s["runs"] for s in cs.values()):
-      headline.append(f"- **{exp.id}** {exp.title}: not run in this study root")
+    cs = cstats[exp.id]
+    if exp not in ran:
+      headline.append(f"- **{exp.id}** {exp.title}: not run (no records)")
       result[exp.id] = {"verdict": "not run", "cells": {}}
       continue
-    verdict, comps = judge(exp, cs, boot)
-    figure(exp, cs, os.path.join(figdir, f"{exp.id}.png"))
-    sections.append(section(exp, cs, verdict, comps, f"{rel}/{exp.id}.png", root))
-    tested = [c for c in comps if not c["untested"]]
-    won = sum("A>B" in (c["final"], c["auc"]) for c in tested)
-    lost = sum("B>A" in (c["final"], c["auc"]) for c in tested)
-    unrun = sum(c["untested"].startswith("no runs") for c in comps if c["untested"])
-    weak = len(comps) - len(tested) - unrun
-    headline.append(f"- **{exp.id}** {exp.title}: **{verdict}** ({won} of {len(tested)} tested comparisons "
-                    f"won on final success or AUC, {lost} reversed"
-                    + (f"; {weak} not tested: critic below the bar" if weak else "")
-                    + (f"; {unrun} not run: a cell cut from this root" if unrun else "") + ")")
-    result[exp.id] = {"verdict": verdict, "comparisons": {f"{c['a']} > {c['b']}": comparison_verdict(c)
-                                                          for c in comps}, "cells": {label: {
-        "n": len(s["final"]), "final": s["final_est"].mean if s["final_est"] else None,
-        "final_ci": [s["final_est"].lo, s["final_est"].hi] if s["final_est"] else None,
-        "auc": s["auc_est"].mean if s["auc_est"] else None} for label, s in cs.items()}}
-  n_done = sum(r is not None for r in runs.values())
+    verdict = experiment_verdict(exp, items)
+    if figures:
+      figure(exp, cs, os.path.join(figdir, f"{exp.id}.png"))
+    sections.append(section(exp, cs, items, verdict, f"{rel}/{exp.id}.png"))
+    mine = [i for i in items if i["exp"] == exp.id]
+    headline.append(f"- **{exp.id}** {exp.title}: **{verdict}**")
+    result[exp.id] = {
+        "verdict": verdict,
+        "comparisons": {f"{i['a']} > {i['b']}": comparison_verdict(exp, i, items) for i in mine if i["kind"] == "claim"},
+        "factors": {f"{i['a']} > {i['b']}": ("not tested" if i["untested"] else i["judged"]) for i in mine
+                    if i["kind"] == "factor"},
+        "controls": {f"{i['a']} > {i['b']}": (None if i["untested"] else i["separates"]) for i in mine
+                     if i["kind"] == "control"},
+        "cells": {label: {"n": s["final_est"].n, "final": s["final_est"].mean,
+                          "final_ci": [s["final_est"].lo, s["final_est"].hi] if s["final_est"].n else None,
+                          "auc": s["auc_est"].mean} for label, s in cs.items()}}
+  planned = {(c.name, s) for e in EXPERIMENTS for c in e.cells for s in e.seeds}
+  n_done = len(planned & set(runs))
   date = date or datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
-  text = "\n\n".join([header(root, n_done, len(runs) - n_done, date),
+  shown = os.path.relpath(os.path.abspath(records_dir), records_mod.REPO)
+  text = "\n\n".join([header(n_done, len(planned) - n_done, date, shown if not shown.startswith("..") else records_dir),
                       "<!-- headline -->\n" + "\n".join(headline) + "\n<!-- /headline -->",
-                      cost(root, runs),
-                      "## Probe tasks: how often the warm start already succeeds\n\n" + probe_table(root),
-                      "## The critics before RL\n\n" + critic_warm_table(crit),
-                      "## Credit-accuracy lab\n\n" + lab_plot(root, figdir, rel), *sections])
+                      f"Holm family: {tests['family']} tests (claims and factor contrasts x final success and AUC).",
+                      "## Probe tasks: the warm start and the ceiling\n\n" + probe_table(got["warm"]),
+                      "## The critics before RL\n\n" + critic_warm_table(got["critics"]),
+                      "## Credit-accuracy lab\n\n" + lab_section(records_dir, figdir, rel), *sections])
   os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
   with open(out, "w") as f:
     f.write(text.rstrip() + "\n")
-  return {"experiments": result, "runs": n_done, "missing": len(runs) - n_done}
+  return {"experiments": result, "runs": n_done, "missing": len(planned) - n_done, "holm_family": tests["family"]}
 
 
 def main(argv=None) -> dict:
   p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-  p.add_argument("--root", required=True, help="the study root (experiments/study.py --root)")
-  p.add_argument("--out", default="docs/STUDY.md")
-  p.add_argument("--figdir", default="docs/study")
-  p.add_argument("--boot", type=int, default=stats.BOOT, help="bootstrap resamples")
+  p.add_argument("--records", default=records_mod.DEFAULT_OUT, help="the record folder (experiments/records.py)")
+  p.add_argument("--out", default=os.path.join(records_mod.REPO, "docs", "STUDY.md"))
+  p.add_argument("--figdir", default=None, help="where the figures go (default: the record folder)")
   a = p.parse_args(argv)
-  if not os.path.isdir(a.root):
-    p.error(f"--root {a.root} is not a folder")
-  result = report(a.root, a.out, a.figdir, a.boot)
+  if not os.path.isdir(a.records):
+    p.error(f"--records {a.records} is not a folder")
+  result = report(a.records, a.out, a.figdir or a.records)
   print(a.out)
   print(json.dumps(result))
   return result
