@@ -262,3 +262,29 @@ def test_pip_resolves_the_tpu_extra(tmp_path):
          for i in json.loads(report.read_text())["install"]}
   assert "libtpu" in got, f".[tpu] resolved without libtpu: {sorted(got)}"
   assert got["jax"] == got["jaxlib"], got
+
+
+def _anchor(heading: str) -> str:
+  """GitHub's anchor for a markdown heading: lower case, punctuation dropped, spaces to dashes."""
+  return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+
+
+def test_every_readme_link_reaches_a_file_and_heading():
+  """Each relative link in README.md names a file of the repo and, after `#`, a heading of that
+  file: the README's numbers link to where they were measured, so a renamed doc or section must
+  not leave them pointing nowhere.
+
+  Break checked: renaming RESULTS.md's `## Machine speed notes` heading (or a link's file) fails,
+  naming the link.
+  """
+  links = re.findall(r"\]\(([^)\s]+)\)", README)
+  assert len(links) >= 20, links
+  for link in links:
+    if re.match(r"^[a-z]+://", link):
+      continue
+    path, _, anchor = link.partition("#")
+    target = ROOT / path
+    assert target.exists(), f"README links to {link}: no {path}"
+    if anchor:
+      headings = re.findall(r"^#+ (.*)$", target.read_text(), re.M)
+      assert anchor in {_anchor(h) for h in headings}, f"README links to {link}: no such heading in {path}"
