@@ -110,3 +110,20 @@ def test_auto_on_gpu_trains_bf16_with_fp32_weights_and_adam_state(monkeypatch):
   assert all(x.dtype == jnp.float32 for x in leaves(state))  # Adam mu and nu
   assert all(x.dtype == jnp.float32 for x in leaves(new))
   assert any(not np.array_equal(np.asarray(a), np.asarray(b)) for a, b in zip(leaves(params), leaves(new)))
+
+
+def test_bf16_logits_accumulate_in_fp32():
+  """project_logits on bf16 hidden states and weights: the logits are the fp32
+  product of the bf16 values, not a bf16-rounded result (bf16 keeps 8 bits: a
+  logit of 20 would move by up to 0.06, which both sides of the trainer/sampler
+  comparison then round differently: 4.4% of SmolLM2's bf16 ratios left
+  [0.9, 1.1] on CPU before, 0.3% after; benchmarks/RESULTS.md).
+  Catches (checked) dropping preferred_element_type=float32 from the einsum."""
+  from mtrl_jax.models.transformer import project_logits
+  rng = np.random.default_rng(0)
+  h = jnp.asarray(rng.standard_normal((2, 3, 64)) * 2, jnp.bfloat16)
+  w = jnp.asarray(rng.standard_normal((64, 50)), jnp.bfloat16)
+  got = np.asarray(project_logits(h, w), np.float64)
+  want = np.einsum("btd,dv->btv", np.asarray(h, np.float64), np.asarray(w, np.float64))
+  assert np.abs(want).max() > 20
+  np.testing.assert_allclose(got, want, atol=1e-4 * np.abs(want).max())

@@ -206,7 +206,7 @@ def with_layout(model: "Transformer", scan_layers: bool) -> "Transformer":
 
 def project_logits(h_btd: jax.Array, w_dv: jax.Array) -> jax.Array:
   """h @ W in W's dtype, returned in fp32 and sharded over the vocabulary."""
-  out = jnp.einsum("btd,dv->btv", h_btd.astype(w_dv.dtype), w_dv)
+  out = jnp.einsum("btd,dv->btv", h_btd.astype(w_dv.dtype), w_dv, preferred_element_type=jnp.float32)
   return shard(out.astype(jnp.float32), ("batch", "length", "vocab"))
 
 

@@ -48,6 +48,8 @@ RUNS = {
                                "--prompt_chars", "40"], True),
     # the memory part at one layer (the update and sampler parts build SmolLM2's full 30-layer shape)
     "benchmarks/lora_bench.py": (["--parts", "memory", "--seq", "256", "--layers", "1"], True),
+    # its numbers are checked in process, quick tier: tests/benchmarks/test_bf16_mismatch.py
+    "benchmarks/bf16_mismatch.py": (["--tiny", "--turns", "1", "--new", "4"], True),
 }
 # Run from a copy of the repository: mutmut writes mutants/ into the folder it runs in.
 MUTATION = ["aaw", "--tests", "tests/credit/test_aaw.py", "--max-examples", "1"]
