@@ -288,3 +288,33 @@ def test_every_readme_link_reaches_a_file_and_heading():
     if anchor:
       headings = re.findall(r"^#+ (.*)$", target.read_text(), re.M)
       assert anchor in {_anchor(h) for h in headings}, f"README links to {link}: no such heading in {path}"
+
+
+class _Item:
+  """The two things the deselection hook reads of a collected test: its id and its markers."""
+
+  def __init__(self, nodeid: str, *markers: str):
+    self.nodeid, self._markers = nodeid, {m: pytest.Mark(m, (), {}) for m in markers}
+
+  def get_closest_marker(self, name):
+    return self._markers.get(name)
+
+
+def test_gpu_tests_are_deselected_not_skipped_without_a_gpu():
+  """tests/conftest.py takes `@pytest.mark.gpu` tests out of the run on a non-GPU backend and
+  reports them to pytest as deselected, keeping every other test in order (so the quick tier on a
+  CPU shows no skip); here JAX runs on the CPU, as the conftest pins it.
+
+  Break checked: dropping the hook's `items[:] = ...` line (gpu tests kept, then failing on a CPU)
+  fails the kept ids; dropping its `pytest_deselected` call fails the reported ids.
+  """
+  import conftest
+  import jax
+  assert jax.default_backend() == "cpu"
+  items = [_Item("a"), _Item("cudnn[2]", "gpu"), _Item("b", "slow"), _Item("cudnn[1]", "gpu", "slow"), _Item("c")]
+  reported = []
+  config = mock.Mock()
+  config.hook.pytest_deselected = lambda items: reported.extend(i.nodeid for i in items)
+  conftest.pytest_collection_modifyitems(config, items)
+  assert [i.nodeid for i in items] == ["a", "b", "c"]
+  assert reported == ["cudnn[2]", "cudnn[1]"]

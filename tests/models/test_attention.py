@@ -191,7 +191,7 @@ def test_auto_choice_and_clear_errors():
     ModelConfig(attention_block=0)
 
 
-@pytest.mark.skipif(jax.default_backend() != "gpu", reason="cuDNN attention needs a GPU")
+@pytest.mark.gpu  # cuDNN attention needs a GPU: deselected elsewhere (tests/conftest.py)
 @pytest.mark.parametrize("kv", [2, 1])
 def test_cudnn_matches_reference(kv):
   """cuDNN flash attention (bf16) against the reference; GQA included."""
@@ -200,7 +200,7 @@ def test_cudnn_matches_reference(kv):
   assert_close(out_and_grads(fn, q, k, v, ct, None), reference(q, k, v, ct, None), TOL[jnp.bfloat16], "cudnn")
 
 
-@pytest.mark.skipif(jax.default_backend() != "gpu", reason="cuDNN attention needs a GPU")
+@pytest.mark.gpu  # cuDNN attention needs a GPU: deselected elsewhere (tests/conftest.py)
 @pytest.mark.parametrize("t", [255, 37, 1, 64])
 @pytest.mark.parametrize("impl", ["auto", "cudnn"])
 def test_cudnn_odd_lengths_match_reference(t, impl):
@@ -215,7 +215,7 @@ def test_cudnn_odd_lengths_match_reference(t, impl):
                f"cudnn T={t}")
 
 
-@pytest.mark.skipif(jax.default_backend() != "gpu", reason="cuDNN attention needs a GPU")
+@pytest.mark.gpu  # cuDNN attention needs a GPU: deselected elsewhere (tests/conftest.py)
 def test_cudnn_bare_call_refuses_odd_training_length():
   """The table's claim (models/attention.py, cudnn_accepts): JAX's cuDNN path
   refuses an odd length when differentiated. If this starts failing, a newer
