@@ -19,6 +19,7 @@ import jax
 from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
+from mtrl_jax.jit_reuse import shared_jit, tree_key
 from mtrl_jax.parallel.rules import Rules, axes_tuple, validate_rules
 from mtrl_jax.parallel.tree_paths import path_str
 
@@ -92,15 +93,24 @@ def abstract_model(model_factory: Callable[[], nnx.Module], mesh: Mesh, rules: R
   return nnx.split(abstract)
 
 
-def create_sharded(model_factory: Callable[[], nnx.Module], mesh: Mesh, rules: Rules, *,
-                   strict: bool = False) -> nnx.Module:
+def create_sharded(model_factory: Callable[..., nnx.Module], mesh: Mesh, rules: Rules, *,
+                   strict: bool = False, seed: int | None = None, reuse_key=None) -> nnx.Module:
   """Builds `model_factory()` with every variable already sharded over `mesh`.
 
   The factory must be deterministic (it runs twice: abstractly, then jitted)
   and take its randomness from an `nnx.Rngs` it creates itself. Values equal
   an unsharded `model_factory()` (JAX's partitionable threefry makes random
   draws independent of the layout).
+
+  With `seed`, the factory takes the `nnx.Rngs` instead (`model_factory(rngs)`,
+  rngs = nnx.Rngs(seed): the same values), and the seed enters the jitted init
+  as an argument, not a constant. With `reuse_key` too (hashable: everything
+  besides the seed the factory builds from, e.g. its ModelConfig), every call
+  of this process with an equal key and layout shares one compiled init
+  (mtrl_jax/jit_reuse.py): runs that differ in their seed compile it once.
   """
+  if seed is not None:
+    seeded, model_factory = model_factory, (lambda: seeded(nnx.Rngs(seed)))
   rules = validate_rules(rules, mesh)
   try:
     graphdef, abs_state = abstract_model(model_factory, mesh, rules)
@@ -112,11 +122,23 @@ def create_sharded(model_factory: Callable[[], nnx.Module], mesh: Mesh, rules: R
     raise
   shardings = state_shardings(abs_state, mesh, rules, strict=strict)
 
-  def init():
-    return nnx.split(model_factory())[1]
+  if seed is None:
+    def init():
+      return nnx.split(model_factory())[1]
 
+    with jax.set_mesh(mesh), nnx.logical_axis_rules(rules):
+      state = jax.jit(init, out_shardings=shardings)()
+    return nnx.merge(graphdef, state)
+
+  def build():
+    def init_from(key):
+      return nnx.split(seeded(nnx.Rngs(key)))[1]
+    return jax.jit(init_from, out_shardings=shardings)
+
+  jitted = (build() if reuse_key is None else
+            shared_jit(("create_sharded", reuse_key, graphdef, tree_key(shardings), tuple(rules)), build))
   with jax.set_mesh(mesh), nnx.logical_axis_rules(rules):
-    state = jax.jit(init, out_shardings=shardings)()
+    state = jitted(jax.random.key(seed))
   return nnx.merge(graphdef, state)
 
 

@@ -24,6 +24,7 @@ from mtrl_jax.credit.losses import PolicyLossConfig
 from mtrl_jax.credit.regularizers import kl_reward_penalty
 from mtrl_jax.credit.shaping import informative_groups_np
 from mtrl_jax.credit.shuffle import shuffle_advantages
+from mtrl_jax.jit_reuse import shared_jit, tree_key
 from mtrl_jax.models import lora
 from mtrl_jax.credit.step_groups import step_group_stats
 from mtrl_jax.parallel.batch import num_batch_shards, put_global_batch
@@ -105,22 +106,33 @@ class Learner:
                        if ref_params is not None else None)
 
     rep = replicated(mesh)
-    step = make_rl_step(policy_gd, critic_gd, self.tx_policy, self.tx_critic, self.loss_cfg,
-                        value_coef=rl.value_coef, value_clip=rl.value_clip or None,
-                        decoupled=rl.decoupled, shared_trunk=self.shared_trunk)
     # Only the trainable parts are donated and returned; the frozen base goes in as
     # its own argument and keeps its arrays (the sampler may hold them).
     train_sh, frozen_sh = self._split(self.state_sh)
-    self._step_jit = jax.jit(step, in_shardings=(train_sh, None, rep, frozen_sh),
-                             out_shardings=(train_sh, rep), donate_argnums=(0,))
+    # The jitted programs are shared by every learner of this process with the same key
+    # (mtrl_jax/jit_reuse.py): another run of equal shapes (a seed, an arm) compiles nothing.
+    # The key holds every argument the built functions close over.
+    step_args = (policy_gd, critic_gd, self.tx_policy, self.tx_critic, self.loss_cfg)
+    step_kw = dict(value_coef=rl.value_coef, value_clip=rl.value_clip or None, decoupled=rl.decoupled,
+                   shared_trunk=self.shared_trunk)
+    self._step_jit = shared_jit(
+        ("rl_step", *step_args, tuple(sorted(step_kw.items())), tree_key(train_sh), tree_key(frozen_sh), rep),
+        lambda: jax.jit(make_rl_step(*step_args, **step_kw), in_shardings=(train_sh, None, rep, frozen_sh),
+                        out_shardings=(train_sh, rep), donate_argnums=(0,)))
     # Replicated outputs: every host reads the whole batch's scores (multi-host included).
-    self._score = jax.jit(make_score_fn(policy_gd, critic_gd, policy_trainable=self.policy_trainable,
-                                        shared_trunk=self.shared_trunk), out_shardings=rep)
-    self._values = (jax.jit(make_values_fn(policy_gd, critic_gd, shared_trunk=self.shared_trunk), out_shardings=rep)
+    self._score = shared_jit(
+        ("score", policy_gd, critic_gd, self.policy_trainable, self.shared_trunk, rep),
+        lambda: jax.jit(make_score_fn(policy_gd, critic_gd, policy_trainable=self.policy_trainable,
+                                      shared_trunk=self.shared_trunk), out_shardings=rep))
+    self._values = (shared_jit(("values", policy_gd, critic_gd, self.shared_trunk, rep),
+                               lambda: jax.jit(make_values_fn(policy_gd, critic_gd, shared_trunk=self.shared_trunk),
+                                               out_shardings=rep))
                     if critic_gd is not None or self.head_critic else None)
     self.decision_fn = env_registry.first_decision_fn(c.env.name)
     self.decision_value = env_registry.decision_value_fn(c.env.name, dict(c.env.kwargs))
-    self._adv = jax.jit(self.estimator)
+    # The estimator is a partial of a registered function: its name and options are the program.
+    self._adv = shared_jit(("advantages", rl.estimator, repr(sorted(dict(rl.estimator_kwargs).items()))),
+                           lambda: jax.jit(self.estimator))
     self._mc_targets = jax.jit(monte_carlo_targets)
     self._step_group_stats = jax.jit(step_group_stats, static_argnames=("max_turns", "depth"))
 

@@ -1,9 +1,15 @@
 """Optimisers: AdamW with linear warm-up, cosine decay and global-norm clipping."""
 from __future__ import annotations
 
+import functools
+
 import optax
 
 
+# One object per recipe: optax transformations are pure functions, so equal arguments may share
+# one, and the jitted steps built over it are then shared by every run in the process
+# (mtrl_jax/jit_reuse.py keys them by the transformation's identity).
+@functools.lru_cache(maxsize=None)
 def adamw(lr: float, total_steps: int, *, warmup_steps: int = 0, weight_decay: float = 0.0,
           clip_grad: float = 1.0, end_factor: float = 0.1) -> optax.GradientTransformation:
   """The one optimiser recipe every stage uses; `clip_grad <= 0` disables clipping."""

@@ -23,6 +23,7 @@ from mtrl_jax import compile_cache
 from mtrl_jax import config as config_lib
 from mtrl_jax.data import demos as demos_lib
 from mtrl_jax.envs import registry as env_registry
+from mtrl_jax.jit_reuse import shared_jit, tree_key
 from mtrl_jax.metrics import MetricsWriter, Progress, say
 from mtrl_jax.models import lora as lora_lib
 from mtrl_jax.models.config import RUNTIME_FIELDS, ModelConfig
@@ -120,15 +121,18 @@ class Run:
       from mtrl_jax.models.hf import load_policy
       policy = load_policy(c.hf_dir, dtype=c.model.dtype, lora_seed=seed, **self._switches())
     else:
-      policy = create_sharded(lambda: Transformer(mc, rngs=nnx.Rngs(seed)), self.mesh, self.rules)
+      # The seed is the init's argument: runs of other seeds share its compiled program.
+      policy = create_sharded(lambda rngs: Transformer(mc, rngs=rngs), self.mesh, self.rules, seed=seed,
+                              reuse_key=("policy", mc))
     if c.critic.kind == "head":
       policy = PolicyWithValueHead(mc, rngs=nnx.Rngs(seed + 1), policy=policy)
     self.policy_gd, policy_params = nnx.split(policy)
     self.sampler_gd = nnx.split(policy.policy if c.critic.kind == "head" else policy)[0]
     critic_gd = critic_params = None
     if c.critic.kind == "separate":
-      critic = create_sharded(lambda: Critic(dataclasses.replace(mc, lora=lora_lib.OFF), rngs=nnx.Rngs(seed + 2)),
-                              self.mesh, self.rules)
+      critic_mc = dataclasses.replace(mc, lora=lora_lib.OFF)
+      critic = create_sharded(lambda rngs: Critic(critic_mc, rngs=rngs), self.mesh, self.rules, seed=seed + 2,
+                              reuse_key=("critic", critic_mc))
       critic_gd, critic_params = nnx.split(critic)
     elif c.critic.kind == "lora":  # adapters + value head on the policy's trunk
       critic_gd, critic_params = adapters.shared_trunk_critic(c, mc, self.mesh, self.rules, seed + 2)
@@ -386,7 +390,12 @@ class Run:
     opt = init_opt_state(tx, params, o_sh)
     if start and not sampler_only:
       opt = L.state.opt_policy  # resumed mid-stage: the optimiser moments were saved there
-    step_fn = make_lm_train_step(gd, tx, self.mesh, self.rules, p_sh, o_sh, frozen_shardings=frozen_sh)
+    # Shared by every run of this process with the same key (mtrl_jax/jit_reuse.py): `tx` is one
+    # object per recipe (train/optim.py), the rest is what the step closes over.
+    step_fn = shared_jit(("lm_step", gd, tx, tree_key(p_sh), tree_key(o_sh), tree_key(frozen_sh), self.mesh,
+                          tuple(self.rules)),
+                         lambda: make_lm_train_step(gd, tx, self.mesh, self.rules, p_sh, o_sh,
+                                                    frozen_shardings=frozen_sh))
     lora_args = () if frozen is None else (frozen,)
     prog = Progress("sft", s.steps, start)
     for k in range(start, s.steps):
