@@ -300,7 +300,7 @@ class _Item:
     return self._markers.get(name)
 
 
-def test_gpu_tests_are_deselected_not_skipped_without_a_gpu():
+def test_gpu_tests_are_deselected_not_skipped_without_a_gpu(request):
   """tests/conftest.py takes `@pytest.mark.gpu` tests out of the run on a non-GPU backend and
   reports them to pytest as deselected, keeping every other test in order (so the quick tier on a
   CPU shows no skip); here JAX runs on the CPU, as the conftest pins it.
@@ -308,8 +308,10 @@ def test_gpu_tests_are_deselected_not_skipped_without_a_gpu():
   Break checked: dropping the hook's `items[:] = ...` line (gpu tests kept, then failing on a CPU)
   fails the kept ids; dropping its `pytest_deselected` call fails the reported ids.
   """
-  import conftest
   import jax
+  # The loaded tests/conftest.py (by path: tests/credit/ has a conftest module of its own).
+  (conftest,) = [p for p in request.config.pluginmanager.get_plugins()
+                 if getattr(p, "__file__", None) == str(ROOT / "tests" / "conftest.py")]
   assert jax.default_backend() == "cpu"
   items = [_Item("a"), _Item("cudnn[2]", "gpu"), _Item("b", "slow"), _Item("cudnn[1]", "gpu", "slow"), _Item("c")]
   reported = []
