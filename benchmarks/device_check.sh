@@ -28,8 +28,8 @@
 # device_wheels.sh) are installed into $WORK/site first; mtrl_jax itself runs
 # from PYTHONPATH=. (no install). Times: BUDGET_S (540) for the whole run;
 # each stage's cap below is its H100 estimate with room, and no stage may eat
-# into the LEARNER_MIN_S (100) kept for the learner. DRY_RUN: BUDGET_S 3600,
-# every cap DRY_CAP_S (1200).
+# into the LEARNER_MIN_S (100) kept for the learner. DRY_RUN: BUDGET_S 5400,
+# every cap DRY_CAP_S (1800).
 set -uo pipefail
 if [[ "${1:-}" == "--cpu-tiny" ]]; then DRY_RUN=1; shift; fi
 DRY_RUN=${DRY_RUN:-0}
@@ -38,8 +38,8 @@ work=${WORK:-/tmp/device_check_work}
 src=${DEVICE_SRC:-$PWD/.device}
 LEARNER_MIN_S=${LEARNER_MIN_S:-100}
 if [[ "$DRY_RUN" == 1 ]]; then  # a loaded 2-core CPU: generous caps, the same code paths
-  c=${DRY_CAP_S:-1200}
-  : "${BUDGET_S:=3600}" "${CAP_WEIGHTS:=$c}" "${CAP_MAIN:=$c}" "${CAP_SMOL:=$c}" "${CAP_MISMATCH:=$c}" \
+  c=${DRY_CAP_S:-1800}
+  : "${BUDGET_S:=5400}" "${CAP_WEIGHTS:=$c}" "${CAP_MAIN:=$c}" "${CAP_SMOL:=$c}" "${CAP_MISMATCH:=$c}" \
     "${CAP_ROLLOUT:=$c}"
 fi
 : "${BUDGET_S:=540}" "${CAP_WEIGHTS:=90}" "${CAP_MAIN:=130}" "${CAP_SMOL:=160}" "${CAP_MISMATCH:=60}" \
