@@ -1,6 +1,7 @@
 """The study's per-run records: one small JSON file per run under docs/study/, all the report reads.
 
   python experiments/records.py --root ROOT [--out docs/study]   # records of every finished run in ROOT
+  python experiments/records.py --ceilings                        # every probe's ceiling (no run needed)
 
 experiments/study.py writes a run's record when the run finishes (and a warm
 start's, a critic warm start's); this command writes them for a root run
@@ -9,6 +10,7 @@ before that, or again. Layout under OUT:
   runs/<cell name>/seed=<s>.json     kind "run"
   critics/<warm start>,seed=<s>.json kind "critic" (value pretraining's final readout)
   warm/<warm start>.json             kind "warm" (the probe table's behaviour-cloning eval)
+  ceilings/<warm start>.json         kind "ceiling" (the expert policy's success on the eval tasks)
 
 A run record (schema 1) holds the cell's configs/study.py arguments, the
 config values the study varies or reports, the commit the run was made at
@@ -162,7 +164,19 @@ def warm_record(workdir: str, name: str, sha: str | None = None) -> dict | None:
           "wall_s": (_json(os.path.join(workdir, "wall.json")) or {}).get("wall_s")}
 
 
+def ceiling_record(probe: str, horizon: int, sha: str | None = None) -> dict:
+  """The probe's ceiling on the RL cells' eval tasks, from its configs/study.py RL config (no run needed)."""
+  from configs.study import get_config
+  c = get_config(f"probe={probe},horizon={horizon}")
+  off = int(c.eval.seed_offset)
+  top = ceiling(c.env.name, c.env.kwargs.to_dict(), range(off, off + int(c.eval.tasks)))
+  return {"schema": SCHEMA, "kind": "ceiling", "warm": f"probe={probe},horizon={horizon}", "commit": sha or commit(),
+          "ceiling": top, "tasks": int(c.eval.tasks), "seed_offset": off}
+
+
 def path_of(out: str, rec: dict) -> str:
+  if rec["kind"] == "ceiling":
+    return os.path.join(out, "ceilings", f"{rec['warm']}.json")
   if rec["kind"] == "run":
     return os.path.join(out, "runs", rec["cell"], f"seed={rec['seed']}.json")
   if rec["kind"] == "critic":
@@ -180,9 +194,10 @@ def write(out: str, rec: dict) -> str:
 
 
 def load(out: str) -> dict:
-  """{"runs": {(cell, seed): rec}, "critics": {(warm, seed): rec}, "warm": {warm: rec}} from OUT."""
-  got = {"runs": {}, "critics": {}, "warm": {}}
-  paths = [p for kind in ("runs", "critics", "warm") for p in glob.glob(os.path.join(out, kind, "**", "*.json"),
+  """{"runs": {(cell, seed): rec}, "critics": {(warm, seed): rec}, "warm": {warm: rec}, "ceilings": {warm: rec}}
+  from OUT."""
+  got = {"runs": {}, "critics": {}, "warm": {}, "ceilings": {}}
+  paths = [p for kind in ("runs", "critics", "warm", "ceilings") for p in glob.glob(os.path.join(out, kind, "**", "*.json"),
                                                                          recursive=True)]
   for path in sorted(paths):
     rec = _json(path)
@@ -194,6 +209,8 @@ def load(out: str) -> dict:
       got["critics"][(rec["warm"], rec["seed"])] = rec
     elif rec["kind"] == "warm":
       got["warm"][rec["warm"]] = rec
+    elif rec["kind"] == "ceiling":
+      got["ceilings"][rec["warm"]] = rec
   return got
 
 
@@ -222,10 +239,15 @@ def export(root: str, out: str = DEFAULT_OUT, cells: dict | None = None) -> dict
 
 def main(argv=None) -> dict:
   p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-  p.add_argument("--root", required=True, help="a study root (experiments/study.py --root)")
+  p.add_argument("--root", default="", help="a study root (experiments/study.py --root)")
   p.add_argument("--out", default=DEFAULT_OUT)
+  p.add_argument("--ceilings", action="store_true", help="(no --root needed) write every probe's ceiling record")
   a = p.parse_args(argv)
-  if not os.path.isdir(a.root):
+  if a.ceilings:
+    sys.path.insert(0, REPO)
+    from study import PROBES
+    return {"ceilings": [write(a.out, ceiling_record(pr, h)) for pr, h in PROBES]}
+  if not a.root or not os.path.isdir(a.root):
     p.error(f"--root {a.root} is not a folder (the study's run folders are not in the repo; its records are)")
   n = export(a.root, a.out)
   print(json.dumps(n))

@@ -346,17 +346,20 @@ def section(exp, cs: dict, items: list, verdict: str, fig_rel: str) -> str:
          + "\n\n</details>", ""] if missing else [])])
 
 
-def probe_table(warm: dict) -> str:
+def probe_table(warm: dict, ceilings: dict) -> str:
   names = list(dict.fromkeys([warm_name(*p) for p in PROBES] + sorted(warm)))
   rows = []
   for name in names:
     kv = dict(p.split("=", 1) for p in name.split(",") if "=" in p)
     r = warm.get(name)
+    top = (r or {}).get("ceiling")
+    top = top if top is not None else (ceilings.get(name) or {}).get("ceiling")
     rows.append([kv.get("probe", name), kv.get("horizon", "—"), (r or {}).get("sft_steps", "—"),
                  "built" if r else "no record", _num(r and r["success"], "{:.3f}"),
-                 _num(r and r.get("greedy_success"), "{:.3f}"), _num(r and r.get("ceiling"), "{:.3f}")])
+                 _num(r and r.get("greedy_success"), "{:.3f}"), _num(top, "{:.3f}")])
   return ("Warm start = behaviour cloning on quality-0.5 demos; ceiling = the share of the RL cells' 256 "
-          "held-out eval tasks the env's expert policy succeeds on (what a perfect policy reaches).\n\n"
+          "held-out eval tasks the env's expert policy succeeds on (what a perfect policy reaches; a dash: the "
+          "env could not be built where the records were written, e.g. TextArena not installed).\n\n"
           + _table(["probe", "horizon", "BC steps", "warm start", "sampled success", "greedy success", "ceiling"],
                    rows))
 
@@ -401,8 +404,9 @@ The p-values of every claim and factor contrast of the study, both metrics, form
 {stats.ALPHA}). A claim is **reproduced** when A > B on some metric after Holm and B > A on none; **not
 reproduced** when B > A on some metric after Holm; **underpowered** when neither and the experiment's
 positive control did not separate (unadjusted p < {stats.ALPHA}, A > B on some metric): the design could not
-see a difference known to exist; **inconclusive (MDE x)** when neither and the control separated: no
-difference larger than about x would have been missed with probability above 0.2; **not tested** when a
+see a difference known to exist; **inconclusive (MDE x)** when neither and the control separated: a true
+difference of x would have been found with probability 0.8 by one paired t test at alpha 0.05 (under Holm's
+correction the family's tests need larger differences, so x is a lower bound); **not tested** when a
 side has no records or its critic is below the bar. The per-cell intervals in the tables are t intervals of
 the mean over seeds: descriptive, not the test."""
 
@@ -492,7 +496,7 @@ def report(records_dir: str, out: str, figdir: str, date: str | None = None, fig
   text = "\n\n".join([header(n_done, len(planned) - n_done, date, shown if not shown.startswith("..") else records_dir),
                       "<!-- headline -->\n" + "\n".join(headline) + "\n<!-- /headline -->",
                       f"Holm family: {tests['family']} tests (claims and factor contrasts x final success and AUC).",
-                      "## Probe tasks: the warm start and the ceiling\n\n" + probe_table(got["warm"]),
+                      "## Probe tasks: the warm start and the ceiling\n\n" + probe_table(got["warm"], got["ceilings"]),
                       "## The critics before RL\n\n" + critic_warm_table(got["critics"]),
                       "## Credit-accuracy lab\n\n" + lab_section(records_dir, figdir, rel), *sections])
   os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
