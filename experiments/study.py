@@ -460,17 +460,8 @@ def main(argv=None) -> int:
   warm_todo = [j for j in warm_jobs if not _warm_done(j[2])]
   print(f"study: {len(warm_todo)} of {len(warm_jobs)} warm starts to build, parallel={a.parallel}", flush=True)
   def record(name, workdir):  # the record of a finished job, in the repo (experiments/records.py)
-    if not a.records:
-      return
-    if name in runs:
-      cell, _, seed = name.rpartition(",seed=")
-      rec = records.run_record(workdir, cell, int(seed), runs[name].full)
-    elif ",critic,seed=" in name:
-      rec = records.critic_record(workdir, name)
-    else:
-      rec = records.warm_record(workdir, name)
-    if rec:
-      records.write(a.records, rec)
+    if a.records:
+      write_record(a.records, runs, name, workdir)
 
   failed = _pool(warm_todo, a.parallel, "warm", record)
   if failed:
@@ -505,6 +496,19 @@ def main(argv=None) -> int:
   print(f"study: done; python experiments/report.py --records {a.records or 'DIR'}")
   print(json.dumps(summary))
   return 0
+
+
+def write_record(out: str, runs: dict, name: str, workdir: str) -> str | None:
+  """The record of a finished job under `out` (a run of `runs`, a critic or a policy warm start); its
+  path, or None when the job left nothing to record (no final eval)."""
+  if name in runs:
+    cell, _, seed = name.rpartition(",seed=")
+    rec = records.run_record(workdir, cell, int(seed), runs[name].full)
+  elif ",critic,seed=" in name:
+    rec = records.critic_record(workdir, name)
+  else:
+    rec = records.warm_record(workdir, name)
+  return records.write(out, rec) if rec else None
 
 
 def _critic_done(workdir: str) -> bool:

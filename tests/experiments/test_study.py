@@ -140,3 +140,30 @@ def test_probe_arms_and_critic_filters_cut_cells_not_seeds(capsys):
   with pytest.raises(SystemExit):
     study.main(["--root", "/tmp/nowhere", "--arms", "bogus", "--dry_run"])
   assert "no cell has ['bogus']" in capsys.readouterr().err
+
+
+def test_a_finished_run_writes_its_record_with_the_cells_arguments(tmp_path):
+  """study.write_record (what each finished job calls) files a run under runs/<cell>/seed=<s>.json with
+  the cell's full configs/study.py arguments and its final success; an unfinished run writes nothing.
+  Break checked: the record written with the arguments parsed from the folder name (strings, and no
+  'shuffle') instead of the cell's fails the args check."""
+  import records
+  cell = study.experiment("E1").cell("ms_grpo shuffled h8")
+  name = f"{cell.name},seed=3"
+  wd = tmp_path / "runs" / name
+  wd.mkdir(parents=True)
+  lines = [{"step": 0, "stage": "rl", "eval/success": 0.5},
+           {"step": 1, "stage": "rl", "rollout/success": 0.4, "tokens_seen": 100.0}]
+  (wd / "metrics.jsonl").write_text("\n".join(json.dumps(x) for x in lines) + "\n")
+  assert study.write_record(str(tmp_path / "rec"), {name: cell}, name, str(wd)) is None
+  with open(wd / "metrics.jsonl", "a") as f:
+    f.write(json.dumps({"step": 1, "stage": "eval", "eval/success": 0.25}) + "\n")
+  path = study.write_record(str(tmp_path / "rec"), {name: cell}, name, str(wd))
+  assert path == str(tmp_path / "rec" / "runs" / cell.name / "seed=3.json")
+  rec = records.load(str(tmp_path / "rec"))["runs"][(cell.name, 3)]
+  assert rec["args"] == cell.full and rec["args"]["shuffle"] is True and rec["final"]["success"] == 0.25
+  # the converter finds the same run under the root and records the same numbers
+  n = records.export(str(tmp_path), str(tmp_path / "conv"))
+  assert n == {"runs": 1, "critics": 0, "warm": 0}
+  conv = records.load(str(tmp_path / "conv"))["runs"][(cell.name, 3)]
+  assert conv["final"] == rec["final"] and conv["auc"] == rec["auc"]
