@@ -135,10 +135,10 @@ else
 fi
 
 if [[ -f benchmarks/bf16_mismatch.py ]]; then
-  hf_arg=()
-  if grep -q -- "--hf_dir" benchmarks/bf16_mismatch.py && [[ -f "$hf/config.json" ]]; then hf_arg=(--hf_dir "$hf"); fi
+  hf_arg=()  # on the device: the SmolLM2 folder the smol stage ran (all 30 blocks, real weights if they came)
+  if [[ "$DRY_RUN" != 1 && -f "$hf/config.json" ]]; then hf_arg=(--hf_dir "$hf"); fi
   run_stage bf16_mismatch "$CAP_MISMATCH" "$LEARNER_MIN_S" "" \
-    python3 benchmarks/bf16_mismatch.py "${mismatch_args[@]}" "${hf_arg[@]}"
+    python3 benchmarks/bf16_mismatch.py "${mismatch_args[@]}" "${hf_arg[@]}" --attention "$SMOL_ATTENTION"
 else
   skip_stage bf16_mismatch "benchmarks/bf16_mismatch.py is not in this tree"
 fi

@@ -144,7 +144,9 @@ def headline(stages: dict) -> dict:
   ro = get("rollout")
   h.update(rollout_sessions_per_s_ratio=ro.get("sessions_per_s_ratio"),
            rollout_slot_util_continuous=ro.get("slot_util_continuous"))
-  h["bf16_mismatch"] = get("bf16_mismatch") or None
+  mm = (get("bf16_mismatch").get("results") or {})
+  h.update(bf16_mismatch_share=(mm.get("bfloat16") or {}).get("share_outside"),
+           fp32_mismatch_share=(mm.get("float32") or {}).get("share_outside"))
   return h
 
 

@@ -151,3 +151,24 @@ def test_cpu_dry_run_every_stage(tmp_path):
   assert summary["stages"]["rollout"]["result"]["sessions_per_s_ratio"] > 0
   smol_cfg = json.load(open(tmp_path / "w" / "smol" / "config.json"))
   assert smol_cfg["model"]["dtype"] == "bfloat16" and smol_cfg["model"]["n_layers"] == 2
+
+
+def test_headline_picks_the_numbers_the_issue_asks_for():
+  """Break checked: reading the float32 row as the bf16 share fails it."""
+  stages = {
+      "weights": {"result": {"weights": "random"}},
+      "smol": {"seconds": 96.0, "result": {"final": {"eval/success": 0.5}, "median_update_s_after_first": 0.25,
+                                           "first_update_s": 40.0}},
+      "learner": {"result": {"rl_mfu_t8k": 0.282, "rl_tok_s_t8k": 38600.0, "max_t_fit": 65536}},
+      "rollout": {"result": {"sessions_per_s_ratio": 3.0, "slot_util_continuous": 0.86}},
+      "bf16_mismatch": {"result": {"results": {"bfloat16": {"share_outside": 0.003},
+                                               "float32": {"share_outside": 0.0}}}},
+  }
+  h = dr.headline(stages)
+  assert h["weights"] == "random"
+  assert (h["smol_s"], h["smol_final"], h["smol_median_update_s"], h["smol_first_update_s"]) == (
+      96.0, {"eval/success": 0.5}, 0.25, 40.0)
+  assert (h["main_job_s"], h["main_job_final"]) == (None, None)
+  assert (h["learner_mfu_t8k"], h["learner_tok_s_t8k"], h["learner_max_t"]) == (0.282, 38600.0, 65536)
+  assert (h["rollout_sessions_per_s_ratio"], h["rollout_slot_util_continuous"]) == (3.0, 0.86)
+  assert (h["bf16_mismatch_share"], h["fp32_mismatch_share"]) == (0.003, 0.0)
