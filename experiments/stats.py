@@ -250,3 +250,35 @@ def paired_verdict(judgements: Sequence[Sequence[str]], mdes: Sequence[float], c
     return "underpowered (control did not separate)"
   finite = [m for m in mdes if m is not None and np.isfinite(m)]
   return f"inconclusive (MDE {max(finite):.3f})" if finite else "inconclusive (MDE unknown)"
+
+
+# ------------------------------------------------------------------ critic readout
+
+
+def explained_variance(y, v) -> float:
+  """1 - Var(y - v) / Var(y) (population variances); nan when y is constant."""
+  y, v = np.asarray(y, dtype=np.float64), np.asarray(v, dtype=np.float64)
+  var = y.var()
+  return float(1.0 - (y - v).var() / var) if var > 0 else float("nan")
+
+
+def ev_intervals(y, critic, oracle, boot: int = BOOT, level: float = LEVEL, seed: int = SEED) -> dict:
+  """Percentile-bootstrap intervals over held-out sessions (hundreds: the percentile bootstrap is fine
+  there, unlike over 8 seeds) of the critic's EV, the oracle's and their ratio, resampled together
+  (the same sessions in each draw), so the 0.8 bar can be judged on the ratio's interval.
+  Returns {"ev": (point, lo, hi), "oracle": (...), "ratio": (...)}."""
+  y, c, o = (np.asarray(a, dtype=np.float64).reshape(-1) for a in (y, critic, oracle))
+  if not y.size == c.size == o.size:
+    raise ValueError(f"returns {y.size}, critic {c.size} and oracle {o.size} values differ in count")
+  idx = np.random.default_rng(seed).integers(0, y.size, size=(boot, y.size))
+  yb, cb, ob = y[idx], c[idx], o[idx]
+  var = yb.var(axis=1)
+  ok = var > 0
+  ev_b = 1.0 - (yb - cb).var(axis=1)[ok] / var[ok]
+  or_b = 1.0 - (yb - ob).var(axis=1)[ok] / var[ok]
+  ratio_b = ev_b / np.where(or_b != 0, or_b, np.nan)
+  q = [100 * (1 - level) / 2, 100 * (1 + level) / 2]
+  ev, orc = explained_variance(y, c), explained_variance(y, o)
+  out = {"ev": (ev, *np.nanpercentile(ev_b, q)), "oracle": (orc, *np.nanpercentile(or_b, q)),
+         "ratio": (ev / orc if orc else float("nan"), *np.nanpercentile(ratio_b, q))}
+  return {k: tuple(float(x) for x in v) for k, v in out.items()}

@@ -211,3 +211,22 @@ def test_judge_and_separates():
   neg = stats.paired_test([-0.1, -0.12, -0.09, -0.11])
   assert stats.judge(neg, 0.01) == "B>A"
   assert stats.separates(t) and not stats.separates(neg) and not stats.separates(None)
+
+
+def test_ev_intervals_by_construction():
+  """y = s + noise, the oracle = s (EV = var(s) / var(y) = 0.8), the critic = s + half its own noise:
+  the oracle's interval holds its point estimate and is narrower than +-0.05 on 512 sessions; the critic equal to the
+  oracle gives a ratio of exactly 1 in every draw. Catches critic and oracle resampled on different
+  sessions (the ratio's interval would not be [1, 1]) and an EV computed against the wrong variance."""
+  rng = np.random.default_rng(0)
+  s = rng.standard_normal(512) * 2.0
+  y = s + rng.standard_normal(512)
+  got = stats.ev_intervals(y, s, s, boot=500)
+  assert got["ratio"] == pytest.approx((1.0, 1.0, 1.0))
+  ev, lo, hi = got["oracle"]
+  assert lo <= ev <= hi and (hi - lo) / 2 < 0.05 and ev == pytest.approx(stats.explained_variance(y, s))
+  assert abs(ev - 0.8) < 0.05  # this sample's EV (0.83: its noise variance came out 0.87) near the truth
+  worse = stats.ev_intervals(y, s + 0.7 * rng.standard_normal(512), s, boot=500)
+  assert worse["ratio"][2] < 1.0 and worse["ev"][0] < ev
+  with pytest.raises(ValueError, match="differ in count"):
+    stats.ev_intervals(y, s[:5], s)
