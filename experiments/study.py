@@ -44,7 +44,7 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from sweep import REPO, command, is_done, run_one  # noqa: E402
+from sweep import REPO, command, is_done, run_job  # noqa: E402
 
 from mtrl_jax import compile_cache  # noqa: E402
 import records  # noqa: E402
@@ -368,30 +368,40 @@ def lab_job(python: str, root: str, probe: str = "bifurcation",
   return f"lab {probe}{horizon}", cmd, workdir
 
 
-def _timed(name, cmd, workdir):
-  name, rc, secs = run_one(name, cmd, workdir)
+def _timed(name, cmd, workdir, in_process=False):
+  name, rc, secs = run_job(name, cmd, workdir, in_process)
   if rc == 0:
     with open(os.path.join(workdir, "wall.json"), "w") as f:
       json.dump({"wall_s": secs}, f)
   return name, rc, secs
 
 
-def _pool(jobs, parallel: int, what: str, on_done=None) -> list[str]:
-  """Runs the jobs; `on_done(name, workdir)` after each one that finished (its record)."""
-  failed, done = [], 0
-  t0 = time.time()
+def _results(jobs, parallel: int, in_process: bool):
+  """(name, rc, seconds) of each job as it ends: `parallel` processes, or one by one in this one."""
+  if in_process:
+    for j in jobs:
+      yield _timed(*j, in_process=True)
+    return
   with cf.ThreadPoolExecutor(parallel) as pool:
     futures = [pool.submit(_timed, *j) for j in jobs]
     for fut in cf.as_completed(futures):
-      name, rc, secs = fut.result()
-      done += 1
-      status = "ok" if rc == 0 else f"FAILED rc={rc}"
-      left = (time.time() - t0) / done * (len(jobs) - done)
-      print(f"[{what} {done}/{len(jobs)} {secs:6.1f}s, ~{left / 60:.0f} min left] {status}: {name}", flush=True)
-      if rc:
-        failed.append(name)
-      elif on_done:
-        on_done(name, dict((j[0], j[2]) for j in jobs)[name])
+      yield fut.result()
+
+
+def _pool(jobs, parallel: int, what: str, on_done=None, in_process: bool = False) -> list[str]:
+  """Runs the jobs; `on_done(name, workdir)` after each one that finished (its record).
+  `in_process`: the main-job runs one after another in this process (sweep.run_job)."""
+  failed, done = [], 0
+  t0 = time.time()
+  for name, rc, secs in _results(jobs, parallel, in_process):
+    done += 1
+    status = "ok" if rc == 0 else f"FAILED rc={rc}"
+    left = (time.time() - t0) / done * (len(jobs) - done)
+    print(f"[{what} {done}/{len(jobs)} {secs:6.1f}s, ~{left / 60:.0f} min left] {status}: {name}", flush=True)
+    if rc:
+      failed.append(name)
+    elif on_done:
+      on_done(name, dict((j[0], j[2]) for j in jobs)[name])
   return failed
 
 
@@ -412,12 +422,17 @@ def main(argv=None) -> int:
                  help="also run the credit-accuracy lab on E1's long-horizon warm start (ROOT/lab/)")
   p.add_argument("--warm_only", action="store_true", help="build the warm starts, run nothing else")
   p.add_argument("--parallel", type=int, default=1, help="runs at once (CPU; keep 1 on a TPU host)")
+  p.add_argument("--in_process", action="store_true",
+                 help="the warm starts, critics and runs one after another in this process "
+                      "(experiments/inprocess.py): runs of equal shapes compile once; needs --parallel 1")
   p.add_argument("--dry_run", action="store_true")
   p.add_argument("--python", default=sys.executable)
   p.add_argument("--records", default=records.DEFAULT_OUT,
                  help="where each finished run, warm start and critic warm start writes its record "
                       "(default docs/study, what the report reads; '' = none)")
   a, rest = p.parse_known_args(argv)
+  if a.in_process and a.parallel != 1:
+    p.error("--in_process runs one job at a time in this process: drop --parallel (or use processes)")
   if bad := [r for r in rest if not r.startswith("--config.")]:
     p.error(f"unrecognized arguments: {' '.join(bad)} (only --config.FIELD=VALUE goes to the RL runs)")
   ids = [x for x in a.only.split(",") if x]
@@ -463,14 +478,14 @@ def main(argv=None) -> int:
     if a.records:
       write_record(a.records, runs, name, workdir)
 
-  failed = _pool(warm_todo, a.parallel, "warm", record)
+  failed = _pool(warm_todo, a.parallel, "warm", record, in_process=a.in_process)
   if failed:
     print(f"study: warm starts failed: {failed}; relaunch to retry", file=sys.stderr)
     print(json.dumps({"warm_starts": len(warm_jobs), "warm_failed": failed}))
     return 1
   critic_todo = [j for j in critic_jobs if not _critic_done(j[2])]
   print(f"study: {len(critic_todo)} of {len(critic_jobs)} critic warm starts to build", flush=True)
-  failed = _pool(critic_todo, a.parallel, "critic", record)
+  failed = _pool(critic_todo, a.parallel, "critic", record, in_process=a.in_process)
   if failed:
     print(f"study: critic warm starts failed: {failed}; relaunch to retry", file=sys.stderr)
     print(json.dumps({"warm_starts": len(warm_jobs), "critic_failed": failed}))
@@ -487,7 +502,7 @@ def main(argv=None) -> int:
       if not os.path.exists(os.path.join(job[2], "lab", "result.json")):  # the lab's last output
         todo.insert(0, job)  # first: the longest jobs, so the pool does not end on one
   print(f"study: {len(todo)} of {len(run_jobs)} runs to go, root={root}", flush=True)
-  failed = _pool(todo, a.parallel, "run", record)
+  failed = _pool(todo, a.parallel, "run", record, in_process=a.in_process)
   summary = {"warm_starts": len(warm_jobs), "runs": len(run_jobs), "ran": len(todo), "failed": failed}
   if failed:
     print(f"study: {len(failed)} runs failed: {', '.join(failed)}; relaunch to retry", file=sys.stderr)

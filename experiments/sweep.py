@@ -162,6 +162,31 @@ def run_one(name: str, cmd: list[str], workdir: str) -> tuple[str, int, float]:
   return name, rc, time.time() - t0
 
 
+def run_job(name: str, cmd: list[str], workdir: str, in_process: bool = False) -> tuple[str, int, float]:
+  """One job as `run_one` runs it; with `in_process`, a main-job command runs in this process
+  instead (experiments/inprocess.py: the same run, output to the same log.txt), reusing the
+  programs earlier runs here compiled. Other commands (the lab) still get their own process."""
+  if not (in_process and "mtrl_jax.main" in cmd):
+    return run_one(name, cmd, workdir)
+  import inprocess
+  os.makedirs(workdir, exist_ok=True)
+  rc, secs = inprocess.run_argv(inprocess.argv_of(cmd), log_path=os.path.join(workdir, "log.txt"))
+  return name, rc, secs
+
+
+def run_jobs(jobs, parallel: int, in_process: bool = False):
+  """Yields (name, rc, seconds) of each (name, cmd, workdir) job as it ends: `parallel` processes
+  at once, or (in_process) one after another in this process, on its main thread."""
+  if in_process:
+    for job in jobs:
+      yield run_job(*job, in_process=True)
+    return
+  with cf.ThreadPoolExecutor(parallel) as pool:
+    futures = [pool.submit(run_one, *job) for job in jobs]
+    for fut in cf.as_completed(futures):
+      yield fut.result()
+
+
 def main(argv=None) -> int:
   p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog=__doc__.split("\n\n", 1)[1],
                               formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -175,11 +200,16 @@ def main(argv=None) -> int:
   p.add_argument("--parallel", type=int, default=1,
                  help="runs at once (default 1; keep 1 on a TPU host, where one process owns the chips)")
   p.add_argument("--python", default=sys.executable, help="interpreter for the runs")
+  p.add_argument("--in_process", action="store_true",
+                 help="run the runs one after another in this process (experiments/inprocess.py): runs of "
+                      "equal shapes compile once instead of once each; needs --parallel 1")
   a, rest = p.parse_known_args(argv)
   if bad := [r for r in rest if not r.startswith("--config.")]:
     p.error(f"unrecognized arguments: {' '.join(bad)} (only --config.FIELD=VALUE is passed on to runs)")
   if a.parallel < 1:
     p.error("--parallel must be >= 1")
+  if a.in_process and a.parallel != 1:
+    p.error("--in_process runs one run at a time in this process: drop --parallel (or use processes)")
   if a.seeds < 0:
     p.error("--seeds must be >= 0")
   if a.seeds:
@@ -211,17 +241,14 @@ def main(argv=None) -> int:
     print(f"# {len(runs)} runs; cwd {REPO}")
     return 0
 
-  print(f"sweep: {len(todo)} to run, {len(runs) - len(todo)} done, parallel={a.parallel}, root={a.root}",
-        flush=True)
+  how = "in this process" if a.in_process else f"parallel={a.parallel}"
+  print(f"sweep: {len(todo)} to run, {len(runs) - len(todo)} done, {how}, root={a.root}", flush=True)
   failed = []
-  with cf.ThreadPoolExecutor(a.parallel) as pool:
-    futures = [pool.submit(run_one, *t) for t in todo]
-    for fut in cf.as_completed(futures):
-      name, rc, secs = fut.result()
-      status = "ok" if rc == 0 else f"FAILED rc={rc}"
-      print(f"[{secs:7.1f}s] {status}: {name}  (log: {os.path.join(a.root, name, 'log.txt')})", flush=True)
-      if rc != 0:
-        failed.append(name)
+  for name, rc, secs in run_jobs(todo, a.parallel, a.in_process):
+    status = "ok" if rc == 0 else f"FAILED rc={rc}"
+    print(f"[{secs:7.1f}s] {status}: {name}  (log: {os.path.join(a.root, name, 'log.txt')})", flush=True)
+    if rc != 0:
+      failed.append(name)
   rep = seed_report([(name, os.path.join(a.root, name)) for name, _ in runs], a.bar)
   rep["failed"] = len(failed)
   print_seed_report(rep)

@@ -233,3 +233,54 @@ def test_interrupted_run_resumed_in_process_matches_its_own_process(runs):
   assert sa.keys() == sb.keys()
   for k in sa:
     np.testing.assert_allclose(sa[k], sb[k], rtol=1e-6, atol=1e-7, err_msg=k)
+
+
+# ------------------------------------------------------------------ the launchers' --in_process
+def test_sweep_in_process_runs_the_commands_it_would_launch(tmp_path, monkeypatch, capsys):
+  """`sweep.py --in_process` hands the runner exactly the flags its subprocess command carries
+  (config with the grid point, overrides, workdir), one run per grid point, each logging to its
+  workdir's log.txt. Catches overrides or the grid point dropped on the in-process path, and
+  runs still launched as processes."""
+  import inprocess
+  import sweep
+  got = []
+  monkeypatch.setattr(inprocess, "run_argv", lambda argv, log_path=None: (got.append((argv, log_path)), (0, 0.0))[1])
+  monkeypatch.setattr(sweep, "run_one", lambda *a: pytest.fail("a subprocess was launched"))
+  root = str(tmp_path / "sweep")
+  args = ["--config", "configs/default.py:runlocal=true", "--grid", "seed=0,1", "--root", root,
+          "--config.rl.steps=5"]
+  assert sweep.main([*args, "--in_process"]) == 0
+  want = [sweep.command("py", "configs/default.py:runlocal=true,seed=" + s, os.path.join(root, "seed=" + s),
+                        ["--config.rl.steps=5"])[1:] for s in "01"]
+  want = [w[w.index("mtrl_jax.main") + 1:] for w in want]
+  assert [g[0] for g in got] == want
+  assert [g[1] for g in got] == [os.path.join(root, f"seed={s}", "log.txt") for s in "01"]
+  with pytest.raises(SystemExit):
+    sweep.main([*args, "--in_process", "--parallel", "2"])
+
+
+def test_study_in_process_runs_main_jobs_here_and_the_lab_in_its_own_process(tmp_path, monkeypatch):
+  """The study's pool with in_process: a main-job command runs through the in-process runner with
+  its flags, a lab command (not the main job) still as a process; finished runs get wall.json.
+  Catches the lab pushed through the main-job runner, or in_process ignored."""
+  import inprocess
+  import study
+  ran_here, ran_apart = [], []
+  monkeypatch.setattr(inprocess, "run_argv", lambda argv, log_path=None: (ran_here.append(argv), (0, 1.5))[1])
+  import sweep
+
+  def run_one(name, cmd, workdir):  # a process's run, recorded
+    os.makedirs(workdir, exist_ok=True)
+    ran_apart.append(cmd)
+    return name, 0, 2.0
+
+  monkeypatch.setattr(sweep, "run_one", run_one)
+  main_wd, lab_wd = str(tmp_path / "run"), str(tmp_path / "lab")
+  jobs = [("run", ["py", "-m", "mtrl_jax.main", "--config=configs/study.py:x", f"--workdir={main_wd}"], main_wd),
+          ("lab", ["py", "-m", "mtrl_jax.lab.credit_accuracy", "--config=configs/lab.py", f"--workdir={lab_wd}"],
+           lab_wd)]
+  assert study._pool(jobs, 1, "run", in_process=True) == []
+  assert ran_here == [["--config=configs/study.py:x", f"--workdir={main_wd}"]]
+  assert ran_apart == [jobs[1][1]]
+  with open(os.path.join(main_wd, "wall.json")) as f:
+    assert json.load(f) == {"wall_s": 1.5}
