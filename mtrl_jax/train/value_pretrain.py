@@ -43,6 +43,7 @@ import optax
 from absl import logging
 from flax import nnx
 
+from mtrl_jax.jit_reuse import shared_jit, tree_key
 from mtrl_jax.metrics import Progress, say
 from mtrl_jax.models.value import PolicyWithValueHead
 from mtrl_jax.parallel.sharded_step import (init_opt_state, opt_state_shardings, replicated,
@@ -143,13 +144,18 @@ class ValuePretrainer:
                           end_factor=1.0)
     self.p_sh = L.state_sh.policy if self.head else L.state_sh.critic
     self.o_sh = opt_state_shardings(self.tx, self.params, self.p_sh, L.mesh)
-    step = make_value_fit_step(L.policy_gd, L.critic_gd, self.tx)
     rep = replicated(L.mesh)
     # A value head's params are the whole policy, whose trunk arrays the sampler holds
     # (and plays the next round with): donating them deleted the sampler's weights (a
     # crash in the second round's rollouts). Only the optimiser state is donated then.
-    self._step = jax.jit(step, in_shardings=(self.p_sh, self.o_sh, None), out_shardings=(self.p_sh, self.o_sh, rep),
-                         donate_argnums=(1,) if self.head else (0, 1))
+    # Shared by every run of this process with the same key (mtrl_jax/jit_reuse.py; `tx` is one
+    # object per recipe): a second run of equal shapes compiles no step.
+    donate = (1,) if self.head else (0, 1)
+    p_sh, o_sh = self.p_sh, self.o_sh
+    self._step = shared_jit(
+        ("value_fit", L.policy_gd, L.critic_gd, self.tx, tree_key(p_sh), tree_key(o_sh), rep, donate),
+        lambda: jax.jit(make_value_fit_step(L.policy_gd, L.critic_gd, self.tx), in_shardings=(p_sh, o_sh, None),
+                        out_shardings=(p_sh, o_sh, rep), donate_argnums=donate))
 
   # The critic's parameters and the slot its optimiser state lives in during the stage.
   @property
