@@ -78,8 +78,12 @@ class Env(abc.ABC):
 
   # -- bookkeeping (do not override) ----------------------------------------
 
-  def reset(self, seed: int) -> Reset:
+  def reset(self, seed: int, session: int | None = None) -> Reset:
     self.seed = int(seed)
+    # Which session of the task this is (the rollout engines pass its session id). Only envs
+    # with per-session randomness read it (`delayed`, `revisit`: their noise differs between
+    # the sessions of one task); the task itself is still a function of `seed` alone.
+    self.session = None if session is None else int(session)
     self.rng = random.Random(self.seed)
     self.actions: list[str] = []
     self.turn = 0
@@ -151,13 +155,22 @@ class Env(abc.ABC):
 
   def replay(self, seed: int | None = None, actions: Sequence[str] | None = None) -> "Env":
     """Rebuild from (seed, action history); defaults to this env's own history."""
+    session = getattr(self, "session", None) if seed is None or seed == self.seed else None
     seed = self.seed if seed is None else seed
     actions = list(self.actions if actions is None else actions)
     env = self.fresh()
-    env.reset(seed)
+    env.reset(seed, session)
     for a in actions:
       env.step(a)
     return env
+
+  def redraw(self, seed: int) -> None:
+    """Fresh draws of the randomness the policy has not seen yet (the lab's forks).
+
+    The default reseeds `self.rng`: right for an env that draws as it goes. An env
+    that draws its hidden future at reset (`bifurcation`'s noise and payoff) overrides it.
+    """
+    self.rng = random.Random(seed)
 
   def describe(self) -> str:
     kw = ", ".join(f"{k}={v!r}" for k, v in self._init_args[1].items())

@@ -96,6 +96,14 @@ class Bifurcation(Env):
     return Step("paid" if paid else "unpaid", (1.0 if paid else 0.0) - self._penalty(invalid), True, False,
                 {"invalid_action": invalid, "success": paid})
 
+  def redraw(self, seed: int) -> None:
+    """Fresh noise for the turns not played yet and a fresh payoff draw (the lab's forks
+    marginalise over them: the policy never sees them before they pay)."""
+    self.rng = random.Random(seed)
+    start = max(self.turn - 1, 0)  # signs[t - 1] pays turn t
+    self.signs[start:] = [self.rng.choice((-1.0, 1.0)) for _ in self.signs[start:]]
+    self.draw = self.rng.random()
+
   def _penalty(self, invalid: bool) -> float:
     return self.invalid_penalty if invalid else 0.0
 

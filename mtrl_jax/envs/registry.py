@@ -28,9 +28,11 @@ _REGISTRY: dict[str, Callable[..., Env]] = {}
 _BUILTIN_MODULES = (
     "mtrl_jax.envs.bifurcation",
     "mtrl_jax.envs.cashout",
+    "mtrl_jax.envs.delayed",
     "mtrl_jax.envs.keydoor",
     "mtrl_jax.envs.memory",
     "mtrl_jax.envs.repair",
+    "mtrl_jax.envs.revisit",
     "mtrl_jax.envs.textarena",
     "mtrl_jax.envs.wrappers",
 )

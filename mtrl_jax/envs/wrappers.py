@@ -45,9 +45,12 @@ class Wrapper(Env):
   turn = property(lambda self: self.env.turn)
   done = property(lambda self: self.env.done)
 
-  def reset(self, seed: int) -> Reset:
+  def reset(self, seed: int, session: int | None = None) -> Reset:
     self._attempt = (-1, 0)
-    return self.env.reset(seed)
+    return self.env.reset(seed, session)
+
+  def redraw(self, seed: int) -> None:
+    self.env.redraw(seed)
 
   def step(self, action: str) -> Step:
     return self.env.step(action)

@@ -146,8 +146,8 @@ class TimeoutEnv:
   def __init__(self, env, timeout_s: float):
     self.env, self.timeout_s = env, float(timeout_s)
 
-  def reset(self, seed: int):
-    return self._call("reset", seed)
+  def reset(self, seed: int, session: int | None = None):
+    return self._call("reset", seed, session)
 
   def step(self, action: str):
     return self._call("step", action)
@@ -157,12 +157,12 @@ class TimeoutEnv:
       raise AttributeError(name)
     return getattr(self.env, name)
 
-  def _call(self, method: str, arg):
+  def _call(self, method: str, *args):
     box: dict[str, Any] = {}
 
     def run():
       try:
-        box["out"] = getattr(self.env, method)(arg)
+        box["out"] = getattr(self.env, method)(*args)
       except BaseException as e:  # handed to the caller's thread below
         box["err"] = e
 

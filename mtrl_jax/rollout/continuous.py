@@ -182,7 +182,7 @@ class _Play:
 
   def _build_and_reset(self, s: Session):
     env = self.e.env_factory()
-    return env, env.reset(s.seed)
+    return env, env.reset(s.seed, s.session_id)
 
   def _harvest(self, block: bool) -> None:
     if not self.futures:

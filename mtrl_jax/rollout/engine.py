@@ -273,7 +273,7 @@ class RolloutEngine:
 
     def build_and_reset(s: Session):
       env = self.env_factory()
-      return env, env.reset(s.seed)
+      return env, env.reset(s.seed, s.session_id)
 
     t0 = time.perf_counter()
     results = list(pool.map(lambda s: _call(build_and_reset, s), sessions))

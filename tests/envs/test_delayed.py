@@ -1,0 +1,144 @@
+"""The `delayed` probe: closed-form values against Monte-Carlo returns, per-session noise
+(CRN only when asked), long actions, the lab's fresh draws (redraw)."""
+import math
+import random
+
+import numpy as np
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from mtrl_jax import envs
+
+
+def _play(env, seed, session, policy, rng):
+  """(rewards, actions) of one session; policy(env, rng) -> action."""
+  env.reset(seed, session)
+  rewards, actions = [], []
+  while not env.done:
+    a = policy(env, rng)
+    rewards.append(env.step(a).reward)
+    actions.append(a)
+  return rewards, actions
+
+
+def _mixed(p_left):
+  def policy(env, rng):
+    if env.turn == 0:
+      return "left" if rng.random() < p_left else "right"
+    return env.expert_action()
+  return policy
+
+
+@pytest.mark.parametrize("arm", ["left", "right"])
+def test_decision_value_equals_monte_carlo_returns(arm):
+  """decision_value(t, arm) is the mean return from turn t on of sessions that chose `arm`
+  (n = 3000 independent sessions over 30 tasks; tolerance 4 standard errors).
+  Catches: the payoff drawn against the wrong arm's probability (0.95 vs 0.3: off by ~40 se),
+  the cost charged at later turns, or noise that is not zero-mean (a bias of noise*(H-1))."""
+  h, n = 6, 3000
+  env = envs.make("delayed", horizon=h, tokens_per_action=3, noise=0.3)
+  rng = random.Random(0)
+  rets = np.array([_play(env, i % 30, i, _mixed(1.0 if arm == "left" else 0.0), rng)[0] for i in range(n)])
+  for t in (0, 1, h - 1):
+    mc = rets[:, t:].sum(1)
+    se = mc.std(ddof=1) / math.sqrt(n)
+    assert abs(mc.mean() - env.decision_value(t, arm)) < 4 * se, (t, mc.mean(), env.decision_value(t, arm))
+  assert env.decision_value(0, "left") == pytest.approx(0.95 - 0.1)
+  assert env.decision_value(1, "left") == pytest.approx(0.95)
+  assert env.decision_value(0, "right") == pytest.approx(0.3)
+
+
+def test_no_closed_form_with_a_format_penalty():
+  """Catches decision_value claiming a closed form when later replies change the return."""
+  assert envs.make("delayed", invalid_penalty=0.1).decision_value(0, "left") is None
+
+
+def test_noise_is_per_session_unless_crn():
+  """Sessions of one task (same seed, session ids 0..7) share the strings but not the noise or
+  the payoff; the same session id replays the same draws; crn=True gives all eight the same.
+  Catches: the noise drawn from the task seed (self.rng: all eight equal, as in bifurcation),
+  crn ignored, or the session id ignored (not reproducible)."""
+  def runs(crn):
+    env = envs.make("delayed", horizon=16, tokens_per_action=2, crn=crn)
+    out = [_play(env, 5, s, _mixed(1.0), random.Random(0)) for s in range(8)]
+    return [tuple(r) for r, _ in out], [tuple(a) for _, a in out]
+  rewards, actions = runs(False)
+  assert len(set(actions)) == 1            # the task: same strings for every session
+  assert len(set(rewards)) == 8            # the session: 15 independent signs each
+  assert rewards == runs(False)[0]         # reproducible per (seed, session)
+  crn_rewards, _ = runs(True)
+  assert len(set(crn_rewards)) == 1
+  # Without a session id and without crn: fresh draws every reset (never the task's).
+  env = envs.make("delayed", horizon=16)
+  assert len({tuple(_play(env, 5, None, _mixed(1.0), random.Random(0))[0]) for _ in range(4)}) == 4
+
+
+def test_long_sessions_reach_ten_thousand_action_tokens():
+  """horizon 128 at 100 letters an action: 1 + 127 * 100 characters copied (one byte-model
+  token each, stop tokens aside), every copy valid for the expert and invalid when one letter
+  is off. Catches tokens_per_action not setting the strings' length, or the copy check."""
+  env = envs.make("delayed", horizon=128, tokens_per_action=100)
+  env.reset(0, 0)
+  chars, invalid = 0, []
+  while not env.done:
+    a = env.expert_action()
+    if env.turn == 7:
+      a = a[:-1] + ("a" if a[-1] != "a" else "b")
+    chars += len(a)
+    invalid.append(env.step(a).info["invalid_action"])
+  assert chars == 4 + 127 * 100
+  assert [i for i, bad in enumerate(invalid) if bad] == [7]
+
+
+def test_redraw_gives_forks_fresh_noise_and_clones_keep_it():
+  """A clone continues with the original's draws (CRN forks); redraw(seed) gives it new ones.
+  Catches redraw leaving the session's stream in place (forks would all share the noise)."""
+  env = envs.make("delayed", horizon=24)
+  env.reset(1, 3)
+  env.step("left")
+  def future(e):
+    e = e.clone() if e is env else e
+    return tuple(e.step(e.expert_action()).reward for _ in range(22))
+  same = [future(env) for _ in range(3)]
+  assert len(set(same)) == 1
+  forks = []
+  for k in range(3):
+    f = env.clone()
+    f.redraw(100 + k)
+    forks.append(future(f))
+  assert len(set(forks)) == 3
+
+
+@settings(max_examples=30, deadline=None)
+@given(h=st.integers(2, 12), tpa=st.integers(1, 8), seed=st.integers(0, 10**6), session=st.integers(0, 10**6),
+       noise=st.sampled_from([0.0, 0.1, 0.5]), arm=st.sampled_from(["left", "right"]))
+def test_every_reward_is_cost_noise_and_payoff(h, tpa, seed, session, noise, arm):
+  """Turn 0 pays -cost (left) or 0, each copy turn exactly +-noise, the last also 0 or 1, and the
+  session lasts `horizon` turns. Catches a copy turn paying anything but the noise (e.g. a
+  payoff leaking into a middle turn) or an off-by-one horizon."""
+  env = envs.make("delayed", horizon=h, tokens_per_action=tpa, noise=noise)
+  rewards, actions = _play(env, seed, session, _mixed(1.0 if arm == "left" else 0.0), random.Random(seed))
+  assert len(rewards) == h and all(len(a) == tpa for a in actions[1:])
+  assert rewards[0] == pytest.approx(-0.1 if arm == "left" else 0.0)
+  for r in rewards[1:-1]:
+    assert abs(abs(r) - noise) < 1e-12
+  assert min(abs(rewards[-1] - noise * s - p) for s in (-1, 1) for p in (0, 1)) < 1e-12
+
+
+def test_state_keys_and_natural_style():
+  """Keys are (turn, arm) of the state the action was taken in; the natural style reads a
+  sentence for the arm and the string. Catches a key taken after the step moved the env."""
+  env = envs.make("delayed", horizon=3, tokens_per_action=4, style="natural")
+  first = env.reset(2, 0)
+  assert "left or right" in first.observation
+  s0 = env.step("I take the left path.")
+  assert s0.info["state_key"] == "t0" and s0.reward == pytest.approx(-0.1)
+  s1 = env.step(f"'{env.strings[0]}'")
+  assert s1.info == {**s1.info, "state_key": "t1:left", "invalid_action": False}
+
+
+@pytest.mark.parametrize("kw, field", [({"horizon": 1}, "horizon"), ({"tokens_per_action": 0}, "tokens_per_action"),
+                                       ({"p_good": 1.5}, "p_good"), ({"noise": -1}, "noise")])
+def test_bad_config_names_its_field(kw, field):
+  with pytest.raises(ValueError, match=field):
+    envs.make("delayed", **kw)
