@@ -24,6 +24,7 @@ def lab_block(tasks: int, k: int) -> ml_collections.ConfigDict:
       seed_offset=2_000_000,     # task seeds, disjoint from training and eval seeds
       coupled_critic_rounds=4,   # value-pretraining rounds on lambda = 0.95 targets (0: skip that variant)
       rows_per_call=256,         # continuation rows decoded together
+      fork_randomness="fresh",   # 'fresh': each fork draws the env randomness not yet seen; 'crn': keeps the session's
       estimators=(),             # () = all (mtrl_jax/lab/variants.py)
       progress_tasks=32,         # the progress head learns from these tasks x group sessions (a quarter
       progress_steps=150,        # held out) in up to this many full-batch steps, kept at its best held-out loss

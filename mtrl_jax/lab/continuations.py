@@ -12,6 +12,12 @@ it (`models.tokenizer.continuation_ids`): a chat template renders every turn
 after the whole conversation so far, so a start carries the session's prompt
 and finished turns, and every fork extends its own copy with the actions it
 samples. The byte layout needs none of that history (it gives the same ids).
+
+Env randomness the policy has not seen yet (reward noise, payoff draws, slips)
+is drawn afresh for every fork by default (`fork_randomness='fresh'`, through
+`Env.redraw`): V(h_t) then marginalises over it, as the policy's own value does.
+`fork_randomness='crn'` keeps the session's own draws in every fork (common random
+numbers: lower variance, but a value conditioned on a future the policy cannot see).
 """
 from __future__ import annotations
 
@@ -21,6 +27,7 @@ from typing import Callable, NamedTuple, Sequence
 import jax
 import numpy as np
 
+from mtrl_jax.envs.base import derive_seed
 from mtrl_jax.models.chat import HistoryTurn
 from mtrl_jax.models.tokenizer import continuation_ids
 from mtrl_jax.rollout.tree import clone_env
@@ -40,6 +47,19 @@ class Start(NamedTuple):
   obs_ids: tuple = ()
 
 
+FORK_RANDOMNESS = ("fresh", "crn")
+
+
+def fork_envs(env, k: int, fresh_seed: int | None) -> list:
+  """k independent copies of `env` in its state; with `fresh_seed`, each draws its own unseen
+  randomness (fork j redraws from derive_seed(fresh_seed, j)), else all keep `env`'s draws."""
+  forks = [clone_env(env) for _ in range(k)]
+  if fresh_seed is not None:
+    for j, f in enumerate(forks):
+      f.redraw(derive_seed("fork", fresh_seed, j))
+  return forks
+
+
 class ContinuationStats(NamedTuple):
   returns_sk: np.ndarray   # f32 [S, K]: return from turn t on of each continuation
   tokens_generated: int
@@ -49,7 +69,8 @@ class ContinuationStats(NamedTuple):
 def continue_from(sampler, tokenizer, starts: Sequence[Start], k: int, *, turn_budget: int,
                   context_cap: int, sampling, rng: jax.Array, max_turns: int | None = None,
                   rows_per_call: int = 256, num_env_threads: int = 4,
-                  progress: Callable[[int], None] | None = None) -> ContinuationStats:
+                  progress: Callable[[int], None] | None = None,
+                  fork_randomness: str = "fresh") -> ContinuationStats:
   """Plays k continuations of every start to the end; returns their returns.
 
   Starts are processed in chunks of rows_per_call // k (the last chunk is
@@ -57,7 +78,11 @@ def continue_from(sampler, tokenizer, starts: Sequence[Start], k: int, *, turn_b
   ends when its env ends, at `max_turns` total turns, or when the next turn
   would not fit in `context_cap` (its return so far is kept). `progress`, if
   given, is called with the number of starts done after every chunk.
+  `fork_randomness`: 'fresh' (each fork draws the env randomness not yet seen) or
+  'crn' (every fork keeps the start's draws); see the module doc.
   """
+  if fork_randomness not in FORK_RANDOMNESS:
+    raise ValueError(f"lab.fork_randomness must be one of {FORK_RANDOMNESS}, got {fork_randomness!r}")
   if hasattr(tokenizer, "continuation_ids") and any(s.turns_done != len(s.history) or not s.obs_ids
                                                      for s in starts):
     raise ValueError("a chat-template tokenizer renders each turn after the session's whole history: every "
@@ -77,7 +102,10 @@ def continue_from(sampler, tokenizer, starts: Sequence[Start], k: int, *, turn_b
       pre += sum(len(s.prefix_ids) for s in chunk[:real])
       state = sampler.fork(state, range(per_chunk), k)
       n = per_chunk * k
-      envs = [clone_env(chunk[r // k].env) for r in range(n)]
+      rng, env_key = jax.random.split(rng)
+      fresh = int(jax.random.randint(env_key, (), 0, 2**31 - 1)) if fork_randomness == "fresh" else None
+      envs = [f for i, s in enumerate(chunk)
+              for f in fork_envs(s.env, k, None if fresh is None else derive_seed(fresh, i))]
       turns = np.array([chunk[r // k].turns_done for r in range(n)])
       ret = np.zeros(n, np.float64)
       live = {r: [] for r in range(n)}  # row -> ids to append before its next action

@@ -56,7 +56,7 @@ def histories(sessions: list[Session], env_factory) -> list[Start]:
   starts = []
   for s in sessions:
     env = env_factory()
-    env.reset(s.seed)
+    env.reset(s.seed, s.session_id)  # the session's own draws, where the env draws per session
     prefix: list[int] = []
     done: list[HistoryTurn] = []
     for t, turn in enumerate(s.turns):
@@ -303,7 +303,8 @@ def main(argv):
   cont = continue_from(run.sampler, run.tok, starts, int(lab.continuations), turn_budget=c.rollout.turn_budget,
                        context_cap=c.rollout.context_cap, sampling=run._train_sampling(),
                        rng=jax.random.key(c.seed + 654), rows_per_call=int(lab.rows_per_call),
-                       progress=Progress("ground truth", len(starts)).update)
+                       progress=Progress("ground truth", len(starts)).update,
+                       fork_randomness=str(lab.get("fork_randomness", "fresh")))
   a_star, a_se = ground_truth(sessions, cont.returns_sk)
   gt_s = time.time() - t1
   say(f"lab: ground truth from {len(starts)} histories x {lab.continuations} continuations in {gt_s:.0f}s "
@@ -362,7 +363,9 @@ def main(argv):
   dist_i = np.concatenate([np.arange(s.num_turns)[::-1] for s in sessions])
   max_d = int(dist_i.max())
   exit_i = np.concatenate([[bool(t.info.get("early_exit", False)) for t in s.turns] for s in sessions])
-  result = {"env": c.env.name, "sessions": len(sessions), "continuations": int(lab.continuations), "estimators": {}}
+  result = {"env": c.env.name, "sessions": len(sessions), "continuations": int(lab.continuations),
+            "fork_randomness": str(lab.get("fork_randomness", "fresh")),
+            "env_crn": bool(dict(c.env.kwargs).get("crn", False)), "estimators": {}}
   counts = None
   for name in table:
     est_i = np.concatenate(adv[name])
@@ -404,7 +407,8 @@ def main(argv):
     json.dump(result, f, indent=1)
 
   print(f"\n{c.env.name} {dict(c.env.kwargs)}: {len(sessions)} sessions (success {result['success']:.3f}), "
-        f"K={lab.continuations}; {int(sig.sum())}/{len(a_i)} turn actions with |A*| > 2 s.e. "
+        f"K={lab.continuations}, forks' env randomness {result['fork_randomness']}"
+        f"{', env crn' if result['env_crn'] else ''}; {int(sig.sum())}/{len(a_i)} turn actions with |A*| > 2 s.e. "
         f"(by distance 0..{max_d}: {counts}); mean s.e. {se_i.mean():.3f}")
   print(f"{platform.machine()} {os.cpu_count()} cores, load {tuple(round(x, 1) for x in os.getloadavg())}, "
         f"{datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC; seconds {result['seconds']}; "
