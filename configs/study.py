@@ -12,7 +12,13 @@ as `--config.init_from`), so the cells differ only in what RL does.
 Args:
   probe    memory (no hint: recall over the distractors) | bifurcation | keydoor (partial view)
            | frozenlake | sokoban (TextArena, success-only reward)
-  horizon  memory/bifurcation: distractor turns; keydoor: grid side; ignored by TextArena games
+           | delayed (a choice paid at the end through per-session noise, long actions) | revisit
+           (a slippery corridor whose cells recur: step groups differ from episode groups)
+  horizon  memory/bifurcation: distractor turns; keydoor: grid side; delayed/revisit: turns (revisit's
+           corridor has horizon // 2 + 1 cells); ignored by TextArena games
+  tpa      delayed: tokens per copy action (letters; 1 ... ~100)
+  crn      delayed/revisit: common random numbers (every session of a task draws the same noise);
+           off by default, for the lab
   arm      a credit estimator and its variant (ARMS below; the lab's names)
   lp, lc   override lambda_policy / lambda_critic of a GAE arm (E4); -1 = the arm's own
   eta      > 0: the async actor pool with this staleness bound (E2); 0 = synchronous
@@ -20,7 +26,7 @@ Args:
   vp       value pretraining on/off for critic arms (E3)
   shuffle  the arm's advantages permuted over the batch's action tokens each update (the positive
            control: the same advantages with their pairing broken, rl.shuffle_advantages)
-  penalty  memory/bifurcation: reward -penalty per invalid reply in RL (0.1; 0 = outcome only)
+  penalty  memory/bifurcation/delayed/revisit: reward -penalty per invalid reply in RL (0.1; 0 = outcome only)
   context  session (one sample per session) | history | markov (one sample per turn, with the
            transcript or only the current observation: MS-GRPO's layouts, E5)
   stage    warm: build the warm start only; critic: pretrain the critic on the warm start (one per
@@ -66,13 +72,19 @@ PROBES = {
     "keydoor": ("keydoor", lambda h: {"size": h, "view": 1}),
     "frozenlake": ("textarena", lambda h: {"game": "FrozenLake-v0", "success_only": True}),
     "sokoban": ("textarena", lambda h: {"game": "Sokoban-v0", "success_only": True}),
+    # Issue 32: probes whose horizon matters to every estimator (per-session noise by default).
+    "delayed": ("delayed", lambda h: {"horizon": h}),
+    "revisit": ("revisit", lambda h: {"horizon": h, "size": max(2, h // 2 + 1)}),
 }
+# Probes whose noise is drawn per session (crn=true shares it across a task's sessions).
+PER_SESSION_PROBES = ("delayed", "revisit")
 
 
 def get_config(arg=None):
   a = parse_args(arg, {"probe": "bifurcation", "horizon": 4, "arm": "ms_grpo", "lp": -1.0, "lc": -1.0,
                        "eta": 0, "decoupled": True, "vp": True, "context": "session", "stage": "rl",
-                       "seed": 0, "penalty": 0.1, "shuffle": False, "runlocal": False})
+                       "seed": 0, "penalty": 0.1, "shuffle": False, "runlocal": False, "tpa": 1,
+                       "crn": False})
   if a["probe"] not in PROBES:
     raise ValueError(f"probe={a['probe']!r}: choose one of {sorted(PROBES)}")
   if a["arm"] not in ARMS:
@@ -84,10 +96,22 @@ def get_config(arg=None):
   c = default_config()
   env, kwargs = PROBES[a["probe"]]
   c.env.name, c.env.kwargs = env, kwargs(a["horizon"])
+  if a["tpa"] != 1 and a["probe"] != "delayed":
+    raise ValueError(f"tpa={a['tpa']}: only probe=delayed has tokens per action")
+  if a["crn"] and a["probe"] not in PER_SESSION_PROBES:
+    raise ValueError(f"crn=true: only {PER_SESSION_PROBES} draw noise per session (probe={a['probe']!r})")
+  if a["probe"] == "delayed":
+    c.env.kwargs.tokens_per_action = a["tpa"]
+    # A copy turn: its letters and a stop token; a session: prompt, cues and copies of each turn.
+    c.rollout.turn_budget = max(c.rollout.turn_budget, a["tpa"] + 2)
+  if a["probe"] in PER_SESSION_PROBES:
+    c.env.kwargs.crn = bool(a["crn"])
   c.seed = a["seed"]
   c.log.tensorboard = False
   c.checkpoint.every = 5
   c.rollout.context_cap = 384
+  if a["probe"] == "delayed":  # ~2 (tpa + 8) bytes a turn (cue and copy), rounded up to 128
+    c.rollout.context_cap = max(384, -(-(2 * (a["tpa"] + 8) * a["horizon"] + 96) // 128) * 128)
   # The warm start: quality-0.5 demos take the tempting mistake at the decisive turn half
   # the time (memory: skip the peek; bifurcation: the free arm), so behaviour cloning
   # leaves a policy that makes it about half the time: RL has the choice to fix.
@@ -106,7 +130,7 @@ def get_config(arg=None):
     c.eval.tasks = 64
     return shrink(c) if a["runlocal"] else c
 
-  if a["probe"] in ("memory", "bifurcation"):
+  if a["probe"] in ("memory", "bifurcation", "delayed", "revisit"):
     # RL and value pretraining only (the warm start's demos do not depend on it): a format
     # penalty per invalid reply. Outcome-only rewards let RL drift the distractor replies
     # (empty replies: up to 84% of turns in 16 updates at lr 1e-3 on bifurcation h8, pilots).

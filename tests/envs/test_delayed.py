@@ -142,3 +142,32 @@ def test_state_keys_and_natural_style():
 def test_bad_config_names_its_field(kw, field):
   with pytest.raises(ValueError, match=field):
     envs.make("delayed", **kw)
+
+
+@pytest.mark.parametrize("h, tpa", [(2, 1), (8, 10), (32, 100), (128, 100)])
+def test_study_config_fits_the_expert_session(h, tpa):
+  """configs/study.py:probe=delayed passes horizon and tpa to the env, per-session noise unless
+  crn=true, and sizes the turn budget and context cap so the expert's whole session fits (byte
+  tokenizer: every observation's prefill plus every action and its stop token). Catches a cap or
+  a budget that cut the long sessions short (the horizon would silently shrink)."""
+  from configs.study import get_config
+  from mtrl_jax.models.tokenizer import ByteTokenizer, continuation_ids
+  c = get_config(f"probe=delayed,horizon={h},tpa={tpa}")
+  assert (c.env.kwargs.horizon, c.env.kwargs.tokens_per_action, c.env.kwargs.crn) == (h, tpa, False)
+  assert get_config(f"probe=delayed,horizon={h},tpa={tpa},crn=true").env.kwargs.crn is True
+  tok = ByteTokenizer()
+  env = envs.make("delayed", **dict(c.env.kwargs))
+  first = env.reset(0, 0)
+  obs, used, hist = first.observation, 0, []
+  while not env.done:
+    used += len(continuation_ids(tok, first.prompt, hist, obs))
+    a = env.expert_action()
+    assert len(tok.encode(a)) + 1 <= c.rollout.turn_budget
+    used += len(tok.encode(a)) + 1
+    hist.append(a)
+    obs = env.step(a).observation
+  assert used <= c.rollout.context_cap
+  with pytest.raises(ValueError, match="tpa"):
+    get_config("probe=revisit,tpa=3")
+  with pytest.raises(ValueError, match="crn"):
+    get_config("probe=bifurcation,crn=true")
