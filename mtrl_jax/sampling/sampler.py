@@ -240,7 +240,7 @@ class Sampler:
       raise ValueError(f"fork: parent rows {parents.tolist()} outside [0, {batch})")
     src = np.repeat(parents, int(n)).astype(np.int32)
     self._note_shape("fork", ("gather", batch, state.cache.capacity, src.size))
-    return self._gather_jit(state, jnp.asarray(src))
+    return self._gather_jit(state, np.asarray(src))
 
   def copy_rows(self, state: DecodeState, src_rows: Sequence[int], dst_rows: Sequence[int]) -> DecodeState:
     """Forks in place: row dst_rows[i] becomes a copy of row src_rows[i]
@@ -263,7 +263,7 @@ class Sampler:
     src = np.concatenate([src, np.full(size - src.size, src[-1])]).astype(np.int32)
     dst = np.concatenate([dst, np.full(size - dst.size, dst[-1])]).astype(np.int32)
     self._note_shape("fork", ("copy", batch, state.cache.capacity, size))
-    return self._copy_jit(state, jnp.asarray(src), jnp.asarray(dst))
+    return self._copy_jit(state, np.asarray(src), np.asarray(dst))
 
   # ----------------------------------------------------------------- append
   def append(self, state: DecodeState, new_tokens: Sequence[Sequence[int]], weights=None) -> DecodeState:
@@ -301,7 +301,7 @@ class Sampler:
       ends_b = lengths_b + np.minimum(n_b, start) + part_b
       state = self._fit(state, int(ends_b[part_b > 0].max()), capacity)
       self._note_shape("append", (batch, state.cache.capacity, t))
-      state = self._append_jit(params, state, jnp.asarray(tokens_bt), jnp.asarray(part_b, jnp.int32))
+      state = self._append_jit(params, state, np.asarray(tokens_bt), np.asarray(part_b, np.int32))
     return state
 
   # --------------------------------------------------------------- generate
@@ -345,7 +345,7 @@ class Sampler:
     self._note_shape("generate", (batch, state.cache.capacity, steps, mode, rng.shape, str(rng.dtype)))
     with self._lock:
       weights = self._params
-    state, out = self._generate_jit(weights, state, rng, jnp.int32(max_new_tokens), jnp.asarray(active_b),
+    state, out = self._generate_jit(weights, state, rng, jnp.int32(max_new_tokens), np.asarray(active_b),
                                     jnp.float32(params.temperature), jnp.float32(params.top_p),
                                     steps=steps, mode=mode)
     out = jax.device_get(out)
@@ -398,8 +398,8 @@ class Sampler:
     self._note_shape("rows", (batch, state.cache.capacity, buf, mode))
     # The loop runs `steps` iterations at most; the buffer is the bucketed size.
     budget_now = np.minimum(budget_b, offset_b + int(steps))
-    state, out = self._rows_jit(weights_now, state, keys, jnp.asarray(offset_b, jnp.int32),
-                                jnp.asarray(budget_now, jnp.int32), jnp.asarray(active_b),
+    state, out = self._rows_jit(weights_now, state, keys, np.asarray(offset_b, np.int32),
+                                np.asarray(budget_now, np.int32), np.asarray(active_b),
                                 jnp.float32(params.temperature), jnp.float32(params.top_p),
                                 jnp.int32(done_quota), steps=buf, mode=mode)
     out = jax.device_get(out)
@@ -456,8 +456,8 @@ class Sampler:
       ends = lengths_b[rows_k] + np.minimum(n_k, start) + part_k
       state = self._fit(state, int(ends[part_k > 0].max()), capacity)
       self._note_shape("append", ("rows", batch, k, state.cache.capacity, t))
-      state = self._append_rows_jit(params, state, jnp.asarray(rows_k), jnp.asarray(tokens_kt),
-                                    jnp.asarray(part_k, jnp.int32))
+      state = self._append_rows_jit(params, state, np.asarray(rows_k), np.asarray(tokens_kt),
+                                    np.asarray(part_k, np.int32))
     return state
 
   def clear_rows(self, state: DecodeState, rows: Sequence[int]) -> DecodeState:
@@ -466,7 +466,7 @@ class Sampler:
     if idx is None:
       return state
     self._note_shape("move", ("clear", state.last_logits_bv.shape[0], state.cache.capacity, idx.size))
-    return self._clear_jit(state, jnp.asarray(idx))
+    return self._clear_jit(state, np.asarray(idx))
 
   def move_rows(self, src: DecodeState, src_rows: Sequence[int], dst: DecodeState,
                 dst_rows: Sequence[int]) -> tuple[DecodeState, DecodeState]:
@@ -492,7 +492,7 @@ class Sampler:
       dst = self._grow_jit(dst, slots=slots)
     self._note_shape("move", ("move", src.last_logits_bv.shape[0], dst.last_logits_bv.shape[0], slots,
                               s_idx.size))
-    return src, self._move_jit(src, jnp.asarray(s_idx), dst, jnp.asarray(d_idx))
+    return src, self._move_jit(src, np.asarray(s_idx), dst, np.asarray(d_idx))
 
   @staticmethod
   def _row_index(rows: Sequence[int], batch: int, what: str, unique: bool = True) -> np.ndarray | None:
