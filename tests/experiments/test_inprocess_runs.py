@@ -179,6 +179,19 @@ def _records(workdir):
   return out
 
 
+def _assert_same_records(a, b):
+  """Equal keys; numbers equal to float32 rounding, everything else (None, text) exactly."""
+  assert a.keys() == b.keys()
+  for k in a:
+    assert a[k].keys() == b[k].keys(), k
+    for name, x in a[k].items():
+      y = b[k][name]
+      if isinstance(x, (int, float)) and isinstance(y, (int, float)):
+        assert x == pytest.approx(y, rel=1e-6, abs=1e-7), (k, name)
+      else:
+        assert x == y, (k, name)
+
+
 def _final_state(workdir):
   from test_main_e2e import _final_state as final, _flat
   return _flat(final(workdir))
@@ -204,9 +217,8 @@ def test_in_process_run_gives_what_its_own_process_gives(runs):
   (seed 1 then starts from seed 0's weights), global state leaking between runs."""
   d, _ = runs
   a, b = _records(d["seed1"]), _records(d["process"])
-  assert a.keys() == b.keys() and len(a) >= 5
-  for k in a:
-    assert a[k] == pytest.approx(b[k], rel=1e-6, abs=1e-7), k
+  assert len(a) >= 5
+  _assert_same_records(a, b)
   sa, sb = _final_state(d["seed1"]), _final_state(d["process"])
   assert sa.keys() == sb.keys()
   for k in sa:
@@ -225,10 +237,7 @@ def test_interrupted_run_resumed_in_process_matches_its_own_process(runs):
   d, _ = runs
   with open(os.path.join(d["resumed"], "log.txt")) as f:
     assert "resumed from checkpoint" in f.read()
-  a, b = _records(d["resumed"]), _records(d["process"])
-  assert a.keys() == b.keys()
-  for k in a:
-    assert a[k] == pytest.approx(b[k], rel=1e-6, abs=1e-7), k
+  _assert_same_records(_records(d["resumed"]), _records(d["process"]))
   sa, sb = _final_state(d["resumed"]), _final_state(d["process"])
   assert sa.keys() == sb.keys()
   for k in sa:
