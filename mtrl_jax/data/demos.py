@@ -114,7 +114,7 @@ class MtrlDemos(tfds.core.GeneratorBasedBuilder):
 def record_episode(env, seed: int, quality: float, env_name: str, env_kwargs: dict) -> dict:
   """One session of the expert (at `quality`) as a dataset example."""
   rng = random.Random(derive_seed("demos", seed))
-  first = env.reset(seed)
+  first = env.reset(seed, 0)  # session 0 of its task: envs with per-session noise stay reproducible
   obs, turns, ret = first.observation, [], 0.0
   while True:
     action = policy_action(env, "expert", rng, quality)
