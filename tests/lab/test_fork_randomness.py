@@ -2,7 +2,6 @@
 session's draws (fork_randomness='crn'): ground truth marginalises over reward noise and
 payoff draws instead of conditioning on them."""
 import math
-import random
 
 import jax
 import numpy as np
