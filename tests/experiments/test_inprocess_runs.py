@@ -211,8 +211,9 @@ def _assert_same_state(a, b):
 def test_second_run_in_one_process_compiles_nothing(runs):
   """N runs of equal shapes in one process compile once: the first run compiles, the second
   (another seed), the interrupted one and its resumption compile 0 programs (persistent cache
-  off). Catches any jitted step rebuilt per run: e.g. optim.adamw not memoised (the optimiser
-  init and both train steps compile again), the sampler's closures built per Sampler."""
+  off). Catches any jitted step rebuilt per run: e.g. optim.adamw not memoised (checked: the
+  later runs then compiled 4, 4 and 2 programs), the sampler's closures built per Sampler (before
+  this change a second run compiled 34)."""
   _, jobs = runs
   assert [j["rc"] for j in jobs] == [0, 0, 1, 0]
   assert jobs[0]["compiled"] > 10 and jobs[0]["cache_hits"] == 0
@@ -224,7 +225,8 @@ def test_in_process_run_gives_what_its_own_process_gives(runs):
   """The second run of the process (seed 1) writes the metrics (every number but times and
   compile counts) and final checkpoint its own process writes for seed 1. Catches a shared
   program that keeps the first run's values: e.g. the seeded init closing over the first seed
-  (seed 1 then starts from seed 0's weights), global state leaking between runs."""
+  (checked: seed 1 then starts from seed 0's weights; its sft loss differs), global state leaking
+  between runs."""
   d, _ = runs
   a, b = _records(d["seed1"]), _records(d["process"])
   assert len(a) >= 5
@@ -239,9 +241,9 @@ def test_in_process_run_gives_what_its_own_process_gives(runs):
 def test_interrupted_run_resumed_in_process_matches_its_own_process(runs):
   """A run interrupted in its second RL update (after the step-1 checkpoint) and relaunched in the
   same process resumes from the checkpoint and ends where the uninterrupted separate process
-  ends: the same rl step-2 metrics and final checkpoint. Catches a resume that restarts the
-  stage or the run (the stale records and the step count differ) or restores onto the previous
-  run's state."""
+  ends: the same metrics and final checkpoint. Catches a relaunch that ignores the workdir's
+  checkpoint (checked: Run.__init__ not restoring it, the log then lacks "resumed from checkpoint")
+  and a resumed state that differs from the uninterrupted one."""
   d, _ = runs
   with open(os.path.join(d["resumed"], "log.txt")) as f:
     assert "resumed from checkpoint" in f.read()
@@ -253,8 +255,8 @@ def test_interrupted_run_resumed_in_process_matches_its_own_process(runs):
 def test_sweep_in_process_runs_the_commands_it_would_launch(tmp_path, monkeypatch, capsys):
   """`sweep.py --in_process` hands the runner exactly the flags its subprocess command carries
   (config with the grid point, overrides, workdir), one run per grid point, each logging to its
-  workdir's log.txt. Catches overrides or the grid point dropped on the in-process path, and
-  runs still launched as processes."""
+  workdir's log.txt. Catches a flag dropped on the in-process path (checked: the workdir) and
+  runs still launched as processes (checked: --in_process ignored)."""
   import inprocess
   import sweep
   got = []
