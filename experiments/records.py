@@ -246,7 +246,9 @@ def main(argv=None) -> dict:
   if a.ceilings:
     sys.path.insert(0, REPO)
     from study import PROBES
-    return {"ceilings": [write(a.out, ceiling_record(pr, h)) for pr, h in PROBES]}
+    n = {"ceilings": [write(a.out, ceiling_record(pr, h)) for pr, h in PROBES]}
+    print(json.dumps(n))
+    return n
   if not a.root or not os.path.isdir(a.root):
     p.error(f"--root {a.root} is not a folder (the study's run folders are not in the repo; its records are)")
   n = export(a.root, a.out)

@@ -50,6 +50,9 @@ RUNS = {
     "benchmarks/lora_bench.py": (["--parts", "memory", "--seq", "256", "--layers", "1"], True),
     # its numbers are checked in process, quick tier: tests/benchmarks/test_bf16_mismatch.py
     "benchmarks/bf16_mismatch.py": (["--tiny", "--turns", "1", "--new", "4"], True),
+    # two seeds (the second reuses the first's programs), each of the three ways
+    "benchmarks/many_runs.py": (["--n", "2"], True),
+    "experiments/records.py": (["--ceilings", "--out", "{w}"], False),
 }
 # Run from a copy of the repository: mutmut writes mutants/ into the folder it runs in.
 MUTATION = ["aaw", "--tests", "tests/credit/test_aaw.py", "--max-examples", "1"]
@@ -162,14 +165,16 @@ def test_sweep_summarize_plot(tmp_path):
 
 
 def test_report_on_a_study_root(tmp_path):
-  """experiments/report.py over a synthetic study root (the real runs are the main job's, tested elsewhere)."""
+  """experiments/report.py as a user runs it, over a folder of synthetic per-run records (the
+  committed fixture's writer; the records of real runs are written by study.py, tested elsewhere)."""
   sys.path.insert(0, os.path.join(REPO, "tests", "experiments"))
-  from test_report import E3, fill  # noqa: E402  (the synthetic-root writer of the report's own tests)
-  fill(tmp_path / "root", E3, lambda label: 0.5)
-  out = run_script("experiments/report.py", ["--root", str(tmp_path / "root"), "--out",
-                                             str(tmp_path / "docs" / "STUDY.md"), "--figdir",
-                                             str(tmp_path / "docs" / "study"), "--boot", "50"])
-  assert out and (tmp_path / "docs" / "STUDY.md").exists()
+  from test_report import write_fixture  # noqa: E402
+  write_fixture(str(tmp_path / "records"))
+  out = run_script("experiments/report.py", ["--records", str(tmp_path / "records"), "--out",
+                                       str(tmp_path / "docs" / "STUDY.md"), "--figdir", str(tmp_path / "figs")])
+  text = (tmp_path / "docs" / "STUDY.md").read_text()
+  assert out["runs"] > 0 and out["experiments"], out
+  assert "Holm" in text, text[:2000]
 
 
 @pytest.mark.slow
