@@ -15,9 +15,9 @@
 #                  benchmarks/weights_transfer.py, docs/accelerator.md
 #   main_job       the README main job (configs/default.py); H100: 82 s
 #   smol           configs/smol.py in bfloat16 on those weights, 16 RL updates:
-#                  learning curve and seconds per update; H100 ~96 s with
-#                  attention=xla (SMOL_ATTENTION; cuDNN's training path wants
-#                  even lengths)
+#                  learning curve and seconds per update; H100 ~96 s measured
+#                  with attention=xla before odd lengths were padded for cuDNN;
+#                  now attention=auto (SMOL_ATTENTION=xla is the fallback)
 #   bf16_mismatch  benchmarks/bf16_mismatch.py, if the tree has it
 #   rollout        benchmarks/rollout.py at a 24-layer shape (d=896, Qwen2.5-0.5B's
 #                  depth and width): continuous vs lockstep
@@ -44,7 +44,7 @@ if [[ "$DRY_RUN" == 1 ]]; then  # a loaded 2-core CPU: generous caps, the same c
 fi
 : "${BUDGET_S:=540}" "${CAP_WEIGHTS:=90}" "${CAP_MAIN:=130}" "${CAP_SMOL:=160}" "${CAP_MISMATCH:=60}" \
   "${CAP_ROLLOUT:=120}" "${CAP_LEARNER:=600}"
-SMOL_ATTENTION=${SMOL_ATTENTION:-xla}
+SMOL_ATTENTION=${SMOL_ATTENTION:-auto}
 mkdir -p "$out" "$work/logs"
 out=$(cd "$out" && pwd)
 rm -f "$out"/*.json "$out/logs.tar.gz"
