@@ -38,7 +38,7 @@ def test_nonfinite_gradients_leave_params_and_optimiser_state_bit_identical():
   assert np.abs(flat(moved.critic) - flat(before.critic)).max() > 0.5 * lrn.c.rl.critic_lr
 
 
-def test_a_finite_loss_with_nonfinite_gradients_is_refused(monkeypatch):
+def test_a_finite_loss_with_nonfinite_gradients_is_refused(monkeypatch, request):
   """What a bad kernel or an overflow in the backward pass gives: the loss is
   finite (and equal to the clean one), only the gradients are not.
 
@@ -72,7 +72,13 @@ def test_a_finite_loss_with_nonfinite_gradients_is_refused(monkeypatch):
   moved = host(clean.state.policy)
   real = rl_step.policy_loss
   monkeypatch.setattr(rl_step, "policy_loss", lambda cfg, logp, *a, **k: real(cfg, poison_grad(logp), *a, **k))
-  # A learner of its own (not the cached one): its step is traced with the patch in place.
+  # A learner of its own (not the cached one): its step is traced with the patch in place. The
+  # process-wide program cache (mtrl_jax/jit_reuse.py) would hand it the clean learner's step of the
+  # same key, so it is emptied before (the patched step is built anew) and after (no later test of
+  # this worker may get the poisoned program).
+  from mtrl_jax import jit_reuse
+  jit_reuse.clear()
+  request.addfinalizer(jit_reuse.clear)
   lrn = _learner.__wrapped__("separate", (("max_nonfinite", 99),))
   lrn.update(list(sessions_v0(1)), 0)  # refused as well: the state is still the initial one
   before = host(lrn.state)
