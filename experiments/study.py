@@ -54,11 +54,14 @@ CONFIG = "configs/study.py"
 SEEDS = tuple(range(8))
 # configs/study.py's defaults for the keys a cell may set; a cell's name lists
 # probe, horizon and arm always, the other keys only where they differ.
-DEFAULTS = {"probe": "bifurcation", "horizon": 8, "arm": "grpo", "lp": -1.0, "lc": -1.0, "eta": 0,
+DEFAULTS = {"probe": "delayed", "horizon": 8, "arm": "grpo", "lp": -1.0, "lc": -1.0, "eta": 0,
             "decoupled": True, "vp": True, "context": "session", "shuffle": False}
 ALWAYS = ("probe", "horizon", "arm")
-# Every probe task with the horizon its warm start is measured at (the probe table).
-PROBES = (("memory", 4), ("memory", 8), ("bifurcation", 2), ("bifurcation", 8), ("keydoor", 5),
+# Every probe task with the horizon its warm start is measured at (the probe table). bifurcation and
+# memory stay in the table only: common random numbers within a group make their horizon irrelevant to
+# every group estimator (issue 32), so no experiment runs on them any more.
+PROBES = (("delayed", 2), ("delayed", 8), ("delayed", 32), ("revisit", 4), ("revisit", 16),
+          ("memory", 4), ("memory", 8), ("bifurcation", 2), ("bifurcation", 8), ("keydoor", 5),
           ("frozenlake", 0), ("sokoban", 0))
 
 
@@ -109,11 +112,13 @@ class Experiment:
   figure: str = "curves"  # curves: success vs tokens per cell | bars: final success per cell
   seeds: tuple = SEEDS  # the seeds every cell runs
   # Positive controls (real, shuffled): the reference arm beats its advantages shuffled within the
-  # batch wherever RL can be measured at all; one per probe the experiment runs on.
+  # batch wherever RL can be measured at all; one per probe task (probe and horizon) the experiment runs on.
   controls: tuple[tuple[str, str], ...] = ()
   # Contrasts that isolate one factor, (a, b, factor): reported with the claims (and in their Holm
   # family) but judged as differences, not as a published claim.
   factors: tuple[tuple[str, str, str], ...] = ()
+  # Why the experiment is not in this round's runs (its cells stay planned); "" = run.
+  cut: str = ""
 
   def cell(self, label: str) -> Cell:
     for c in self.cells:
@@ -123,11 +128,11 @@ class Experiment:
 
   def control_for(self, label: str) -> tuple[str, str] | None:
     """The positive control a comparison of `label` is powered by: the only one, or the one on the
-    same probe (E6: the label's last word)."""
+    same probe task (probe and horizon: a control separates or not at its own horizon)."""
     if len(self.controls) <= 1:
       return self.controls[0] if self.controls else None
-    probe = self.cell(label).full["probe"]
-    return next((c for c in self.controls if self.cell(c[0]).full["probe"] == probe), None)
+    warm = self.cell(label).warm
+    return next((c for c in self.controls if self.cell(c[0]).warm == warm), None)
 
 
 def shuffled(cell: Cell, label: str) -> Cell:
@@ -135,61 +140,50 @@ def shuffled(cell: Cell, label: str) -> Cell:
   return Cell(label, {**cell.args, "shuffle": True})
 
 
-# E1's arms: the ones its claim compares (grpo is ms_grpo in the session layout). With 8 seeds and
-# 32 updates a cell, the other estimator families (rloo, return_to_go, turn_gae, bilevel_gae, tree) and
-# the short-horizon contrast are cut to fit the 2-core CPU budget (docs/STUDY.md, cost).
-E1_ARMS = ("ms_grpo", "gae_lambda0.95", "gae_lambda1", "gae_decoupled", "gae_length_adaptive")
-# Normalisation as its own factor beside ms_grpo (issue 32): Dr. GRPO (mean-only) and rloo (mean-only,
-# leave-one-out: dr_grpo's advantage times G / (G - 1), so it differs from dr_grpo in scale only).
-E1_NORM_ARMS = ("dr_grpo", "rloo")
-E1_SHORT_ARMS = ()
-E1_HORIZONS = (8,)
-E1M_ARMS = E1_ARMS
+# The horizon sweep (issue 32) runs on `delayed` (configs/study.py): turn 0's choice is paid at the last
+# turn, through per-session noise on every turn between, so the choice's credit has to cross H turns
+# (2H action tokens at one letter an action). Tokens per action stay 1 here (the probe takes up to ~100;
+# cut to fit the CPU budget).
+HORIZONS = (2, 8, 32)
+# E1's arms: the claim's (lambda 0.95 against lambda 1 and against outcome credit) and Dr. GRPO for the
+# normalisation factor. Cut to fit 8 seeds on 2 CPU cores: gae_length_adaptive, rloo (dr_grpo times
+# G / (G - 1): scale only), return_to_go, turn_gae, bilevel_gae, tree.
+E1_ARMS = ("ms_grpo", "dr_grpo", "gae_lambda0.95", "gae_lambda1")
 ETAS = (0, 1, 2, 4, 8)  # AReaL's ablation
-# The credit-accuracy lab runs on the warm starts E1 trains from at its long horizon (E6 trains there too).
+# The credit-accuracy lab runs on the bifurcation and memory warm starts (docs/lab.md); not in this round.
 LAB_PROBES = ("bifurcation", "memory")
+LAB_HORIZON = 8
+
+
+def _h(label: str, h: int) -> str:
+  return f"{label} h{h}"
+
+
+def _control(h: int) -> Cell:
+  """Every delayed experiment's positive control at horizon h: ms_grpo against its advantages shuffled
+  (the same two runs serve E1, E3 and E4 at that horizon)."""
+  return shuffled(Cell(_h("ms_grpo", h), {"horizon": h, "arm": "ms_grpo"}), _h("ms_grpo shuffled", h))
 
 
 def _e1() -> Experiment:
-  # The short horizon is the contrast for the families (outcome, discounted, GAE by lambda), not
-  # every variant: it keeps the study within its CPU budget (docs/STUDY.md, cost).
-  long = max(E1_HORIZONS)
-  cells = tuple(Cell(f"{arm} h{h}", {"horizon": h, "arm": arm}) for h in E1_HORIZONS
-                for arm in (E1_ARMS + E1_NORM_ARMS if h == long else E1_SHORT_ARMS))
-  control = shuffled(next(c for c in cells if c.label == f"ms_grpo h{long}"), f"ms_grpo shuffled h{long}")
-  cells += (control,)
-  comps = tuple((f"{arm} h{long}", f"gae_lambda0.95 h{long}")
-                for arm in ("gae_lambda1", "gae_decoupled", "gae_length_adaptive", "ms_grpo"))
-  factors = ((f"ms_grpo h{long}", f"dr_grpo h{long}", "normalisation (std vs mean-only)"),
-             (f"rloo h{long}", f"dr_grpo h{long}", "scale (G/(G-1), same credit)"))
+  cells = tuple(Cell(_h(arm, h), {"horizon": h, "arm": arm}) for h in HORIZONS for arm in E1_ARMS)
+  cells += tuple(_control(h) for h in HORIZONS)
+  comps = tuple((_h(a, h), _h("gae_lambda0.95", h)) for h in HORIZONS for a in ("gae_lambda1", "ms_grpo"))
+  factors = tuple((_h("ms_grpo", h), _h("dr_grpo", h), "normalisation (std vs mean-only), outcome credit")
+                  for h in HORIZONS)
   return Experiment(
-      "E1", "Estimators x horizon",
-      "Which credit estimators still find the turn-0 choice when its payoff is L turns away through noise?",
+      "E1", "lambda x horizon",
+      "Does GAE with lambda 0.95 lose the turn-0 choice as the turns between it and its payoff grow, where "
+      "lambda 1 and outcome credit (MS-GRPO) keep it?",
       "Token-level GAE with lambda 0.95 and a learned critic under-credits actions far from the reward; "
-      "lambda 1, decoupled lambda (critic 1, policy 0.95), length-adaptive lambda and outcome-based "
-      "MS-GRPO do not.",
+      "lambda 1 and outcome-based MS-GRPO do not.",
       "VC-PPO (arXiv 2503.01491), VAPO (arXiv 2504.05118), MS-GRPO (arXiv 2508.10839)",
-      cells, comps, controls=((f"ms_grpo h{long}", control.label),), factors=factors,
-      note="bifurcation task (see the probe table), horizon 8; the five arms its claim compares, Dr. GRPO and rloo "
-           "for the normalisation factor (the other estimator families and the 2-turn contrast are cut to fit "
-           "8 seeds on 2 CPU cores)")
-
-
-def _e1_memory() -> Experiment:
-  # E1's arms on the second probe the issue names: recall of the turn-0 code after h distractor
-  # turns (no hint). One horizon only, to keep the study within its CPU budget (docs/STUDY.md, cost).
-  h = max(E1_HORIZONS)
-  cells = tuple(Cell(f"{arm} h{h}", {"probe": "memory", "horizon": h, "arm": arm}) for arm in E1M_ARMS)
-  control = shuffled(cells[E1M_ARMS.index("ms_grpo")], f"ms_grpo shuffled h{h}")
-  cells += (control,)
-  comps = tuple((f"{arm} h{h}", f"gae_lambda0.95 h{h}")
-                for arm in ("gae_lambda1", "gae_decoupled", "gae_length_adaptive", "ms_grpo"))
-  e1 = _e1()
-  return Experiment(
-      "E1m", "Estimators on memory",
-      "Which credit estimators still credit the turn-0 peek when the code must be recalled h turns later?",
-      e1.claim, e1.source, cells, comps, controls=((f"ms_grpo h{h}", control.label),),
-      note=f"memory task without the hint (see the probe table), horizon {h}: the same arms and claim as E1")
+      cells, comps, controls=tuple((_h("ms_grpo", h), _h("ms_grpo shuffled", h)) for h in HORIZONS),
+      factors=factors,
+      note=f"`delayed` at horizons {', '.join(map(str, HORIZONS))} (one letter an action: about 2H action "
+           "tokens a session); lambda 0.95 puts 0.95^(2H) of the payoff's credit on turn 0 before the critic "
+           "(0.90 at H=2, 0.44 at H=8, 0.04 at H=32); ms_grpo is GRPO (the session layout); Dr. GRPO for the "
+           "normalisation factor")
 
 
 def _e2() -> Experiment:
@@ -204,38 +198,46 @@ def _e2() -> Experiment:
       "With staleness eta >= 4, naive PPO degrades while decoupled PPO keeps its final success.",
       "AReaL (arXiv 2505.24298), Table 5 / Fig. 5",
       cells, comps, controls=(("decoupled eta=0", "shuffled eta=0"),),
-      note="grpo advantages, bifurcation h8, 2 actors; eta = 0 is the synchronous learner (both objectives "
-           "coincide there); staleness measured from the token versions", figure="bars")
+      note="grpo advantages, delayed h8, 2 actors; eta = 0 is the synchronous learner (both objectives "
+           "coincide there); staleness measured from the token versions", figure="bars",
+      cut="not a credit-assignment question; cut from this round to fit the CPU budget (issue 32 runs E1, E3, "
+          "E4 and E6)")
 
 
 def _e3() -> Experiment:
-  cells = tuple(Cell(f"{arm} vp={'on' if vp else 'off'}", {"arm": arm, "vp": vp} if not vp else {"arm": arm})
-                for arm in ("gae_lambda0.95", "gae_decoupled") for vp in (True, False))
-  cells += (shuffled(cells[0], "gae_lambda0.95 vp=on shuffled"),)
-  comps = tuple((f"{arm} vp=on", f"{arm} vp=off") for arm in ("gae_lambda0.95", "gae_decoupled"))
+  cells = tuple(c for h in HORIZONS for c in (
+      Cell(_h("gae_lambda0.95 vp=on", h), {"horizon": h, "arm": "gae_lambda0.95"}),
+      Cell(_h("gae_lambda0.95 vp=off", h), {"horizon": h, "arm": "gae_lambda0.95", "vp": False}),
+      _control(h)))
   return Experiment(
       "E3", "Value pretraining",
-      "Does fitting the critic on the warm-start policy's returns before RL stabilise and speed up PPO?",
+      "Does fitting the critic on the warm-start policy's returns before RL help PPO, more so when the "
+      "payoff is far?",
       "Value pretraining removes the early collapse that a randomly initialised critic causes and "
       "improves PPO's final result.",
       "VC-PPO (arXiv 2503.01491) section 3.2; VAPO (arXiv 2504.05118)",
-      cells, comps, controls=(("gae_lambda0.95 vp=on", "gae_lambda0.95 vp=on shuffled"),),
-      note="bifurcation h8; vp=on starts RL from the probe's pretrained critic (160 critic steps on Monte-Carlo targets, 20 rounds of 32 tasks), vp=off from a critic whose value head is 0")
+      cells, tuple((_h("gae_lambda0.95 vp=on", h), _h("gae_lambda0.95 vp=off", h)) for h in HORIZONS),
+      controls=tuple((_h("ms_grpo", h), _h("ms_grpo shuffled", h)) for h in HORIZONS),
+      note="`delayed` at each horizon; vp=on starts RL from the probe's pretrained critic (Monte-Carlo "
+           "targets of the warm start's sessions), vp=off from a critic whose value head is 0; the positive "
+           "control is E1's (ms_grpo against its advantages shuffled, the same runs)")
 
 
 def _e4() -> Experiment:
-  grid = ((0.95, 0.95, {"arm": "gae_lambda0.95"}), (1.0, 1.0, {"arm": "gae_lambda1"}),
-          (0.95, 1.0, {"arm": "gae_decoupled"}), (1.0, 0.95, {"arm": "gae_lambda1", "lc": 0.95}))
-  cells = tuple(Cell(f"policy {lp} critic {lc}", args) for lp, lc, args in grid)
-  cells += (shuffled(cells[0], "policy 0.95 critic 0.95 shuffled"),)
+  cells = tuple(c for h in HORIZONS for c in (
+      Cell(_h("policy 0.95 critic 1.0", h), {"horizon": h, "arm": "gae_decoupled"}),
+      Cell(_h("policy 0.95 critic 0.95", h), {"horizon": h, "arm": "gae_lambda0.95"}),
+      Cell(_h("policy 1.0 critic 1.0", h), {"horizon": h, "arm": "gae_lambda1"}),
+      _control(h)))
   return Experiment(
-      "E4", "lambda_policy x lambda_critic",
-      "Is a critic fitted with lambda 1 and a policy advantage with lambda < 1 better than a shared lambda?",
+      "E4", "Decoupled lambda",
+      "Is a critic fitted with lambda 1 and a policy advantage with lambda 0.95 better than a shared 0.95?",
       "Decoupled lambda (critic 1.0, policy 0.95) beats a shared lambda of 0.95.",
       "VC-PPO (arXiv 2503.01491) section 3.3",
-      cells, (("policy 0.95 critic 1.0", "policy 0.95 critic 0.95"),),
-      controls=(("policy 0.95 critic 0.95", "policy 0.95 critic 0.95 shuffled"),),
-      note="bifurcation h8; the 2 x 2 grid over {0.95, 1.0}", figure="bars")
+      cells, tuple((_h("policy 0.95 critic 1.0", h), _h("policy 0.95 critic 0.95", h)) for h in HORIZONS),
+      controls=tuple((_h("ms_grpo", h), _h("ms_grpo shuffled", h)) for h in HORIZONS),
+      note="`delayed` at each horizon; the shared 1.0 corner is E1's gae_lambda1 (shown, not compared); the "
+           "(1.0, 0.95) corner is cut; the positive control is E1's", figure="bars")
 
 
 def _e5() -> Experiment:
@@ -251,51 +253,45 @@ def _e5() -> Experiment:
       "MS-GRPO (arXiv 2508.10839)",
       cells, (("ms_grpo turn markov", "trajectory grpo"), ("ms_grpo turn history", "trajectory grpo")),
       controls=(("trajectory grpo", "trajectory grpo shuffled"),),
-      note="bifurcation h8; `session` = the same return on every turn in one sample per session")
+      note="delayed h8; `session` = the same return on every turn in one sample per session",
+      cut="cut from this round to fit the CPU budget (issue 32 runs E1, E3, E4 and E6)")
 
 
-# E6's arms: the newer estimators (docs/credit.md) and three of E1's as the reference.
-E6_NEW = ("gigpo", "hgpo", "mt_grpo", "progress")
-E6_REFERENCE = ("ms_grpo", "rloo", "gae_lambda1")
-# Normalisation as its own factor (issue 32): the 2 x 2 of {outcome, step groups} x {std, mean-only}
-# is ms_grpo, dr_grpo, gigpo_std, gigpo; rloo is dr_grpo rescaled by G / (G - 1).
-E6_NORM = ("dr_grpo", "gigpo_std")
-E6_SEEDS = tuple(range(8))
+# E6 runs on `revisit`: a slippery corridor whose cells recur within a session and across a group at
+# different turns, so GiGPO's step groups (same cell) differ from episode groups. The 2 x 2 of
+# {outcome, step groups} x {std, mean-only} is ms_grpo, dr_grpo, gigpo_std, gigpo; hgpo beside them.
+# Cut to fit the CPU budget: mt_grpo, progress, rloo.
+E6_ARMS = ("ms_grpo", "dr_grpo", "gigpo", "gigpo_std", "hgpo")
+E6_HORIZONS = (4, 16)
+E6_SEEDS = SEEDS
 
 
 def _e6() -> Experiment:
-  # E1's recipe (warm starts, 16 updates, lr) on both long-horizon probes; 8 seeds: the new arms'
-  # differences from the references are expected to be small. Cells shared with E1 / E1m reuse
-  # their runs (seeds 0-4) and add seeds 5-7.
-  h = max(E1_HORIZONS)
-  cells = tuple(Cell(f"{arm} {probe}", {"probe": probe, "horizon": h, "arm": arm})
-                for probe in LAB_PROBES for arm in E6_NEW + E6_REFERENCE + E6_NORM)
-  cells += tuple(Cell(f"ms_grpo shuffled {probe}", {"probe": probe, "horizon": h, "arm": "ms_grpo", "shuffle": True})
-                 for probe in LAB_PROBES)
-  comps = tuple((f"{a} {probe}", f"{b} {probe}") for probe in LAB_PROBES
-                for a, b in (("gigpo", "ms_grpo"), ("hgpo", "gigpo"), ("mt_grpo", "ms_grpo"),
-                             ("progress", "ms_grpo")))
-  factors = tuple((f"{a} {probe}", f"{b} {probe}", what) for probe in LAB_PROBES for a, b, what in (
+  cells = tuple(Cell(_h(arm, h), {"probe": "revisit", "horizon": h, "arm": arm})
+                for h in E6_HORIZONS for arm in E6_ARMS)
+  cells += tuple(shuffled(Cell(_h("ms_grpo", h), {"probe": "revisit", "horizon": h, "arm": "ms_grpo"}),
+                          _h("ms_grpo shuffled", h)) for h in E6_HORIZONS)
+  comps = tuple((_h(a, h), _h(b, h)) for h in E6_HORIZONS for a, b in (("gigpo", "ms_grpo"), ("hgpo", "gigpo")))
+  factors = tuple((_h(a, h), _h(b, h), what) for h in E6_HORIZONS for a, b, what in (
       ("ms_grpo", "dr_grpo", "normalisation (std vs mean-only), outcome credit"),
       ("gigpo_std", "gigpo", "normalisation (std vs mean-only), step-group credit"),
       ("gigpo", "dr_grpo", "credit structure (step groups vs outcome), both mean-only"),
-      ("gigpo_std", "ms_grpo", "credit structure (step groups vs outcome), both std-scaled"),
-      ("rloo", "dr_grpo", "scale (G/(G-1), same credit)")))
-  controls = tuple((f"ms_grpo {probe}", f"ms_grpo shuffled {probe}") for probe in LAB_PROBES)
+      ("gigpo_std", "ms_grpo", "credit structure (step groups vs outcome), both std-scaled")))
   return Experiment(
-      "E6", "Step-level and turn-level credit without a critic",
-      "Do step groups on anchor states (GiGPO), nested history groups (HGPO), verifiable turn rewards "
-      "(MT-GRPO) or learned progress shares (SPA) find the turn-0 choice better than outcome-only credit?",
-      "GiGPO beats GRPO (ALFWorld, WebShop); HGPO beats GiGPO; MT-GRPO beats GRPO on multi-turn tool "
-      "use; SPA's progress rewards beat outcome-only RL (ALFWorld, WebShop, VirtualHome).",
-      "GiGPO (arXiv 2505.10978), HGPO (arXiv 2602.22817), MT-GRPO (arXiv 2505.11821), SPA-RL (arXiv 2505.20732)",
-      cells, comps, seeds=E6_SEEDS, controls=controls, factors=factors,
-      note=f"bifurcation and memory (no hint) at horizon {h}, E1's recipe; ms_grpo stands for GRPO (they "
-           f"coincide in the session layout); the anchor states are the envs' state keys (turn and arm / "
-           f"peek choice); the turn reward is 1 for a valid action")
+      "E6", "Step-level credit without a critic",
+      "Do step groups on recurring states (GiGPO) or nested history groups (HGPO) credit a corridor's moves "
+      "better than outcome-only credit, and how much of any difference is normalisation?",
+      "GiGPO beats GRPO (ALFWorld, WebShop); HGPO beats GiGPO.",
+      "GiGPO (arXiv 2505.10978), HGPO (arXiv 2602.22817)",
+      cells, comps, controls=tuple((_h("ms_grpo", h), _h("ms_grpo shuffled", h)) for h in E6_HORIZONS),
+      factors=factors,
+      note=f"`revisit` at horizons {', '.join(map(str, E6_HORIZONS))} (a corridor of H // 2 + 1 cells; the "
+           "anchor state is the cell, with no turn in it); ms_grpo stands for GRPO (the session layout)")
 
 
-EXPERIMENTS = (_e1(), _e1_memory(), _e2(), _e3(), _e4(), _e5(), _e6())
+
+
+EXPERIMENTS = (_e1(), _e2(), _e3(), _e4(), _e5(), _e6())
 
 
 def experiment(eid: str) -> Experiment:
@@ -305,15 +301,16 @@ def experiment(eid: str) -> Experiment:
   raise KeyError(f"no experiment {eid!r}; have {[e.id for e in EXPERIMENTS]}")
 
 
-def planned_runs(ids=None, seeds=None, probe=None) -> dict[str, Cell]:
-  """run folder name -> cell, over the chosen experiments (each shared cell once); each
-  experiment's own seeds unless `seeds` is given; only one probe's cells if `probe` is given."""
+def planned_runs(ids=None, seeds=None, probe=None, horizons=None) -> dict[str, Cell]:
+  """run folder name -> cell, over the chosen experiments (each shared cell once; by default those not
+  cut from this round); each experiment's own seeds unless `seeds` is given; only one probe's cells if
+  `probe` is given, only these horizons' if `horizons` is."""
   out = {}
   for e in EXPERIMENTS:
-    if ids and e.id not in ids:
+    if (ids and e.id not in ids) or (not ids and e.cut):
       continue
     for c in e.cells:
-      if probe and c.full["probe"] != probe:
+      if (probe and c.full["probe"] != probe) or (horizons and c.full["horizon"] not in horizons):
         continue
       for s in (e.seeds if seeds is None else seeds):
         out[f"{c.name},seed={s}"] = c
@@ -358,7 +355,7 @@ def run_command(python: str, root: str, name: str, cell: Cell, extra: list[str])
 
 
 def lab_job(python: str, root: str, probe: str = "bifurcation",
-            horizon: int = max(E1_HORIZONS)) -> tuple[str, list[str], str]:
+            horizon: int = LAB_HORIZON) -> tuple[str, list[str], str]:
   """The credit-accuracy lab on the warm start of one of E1's long-horizon probes."""
   workdir = os.path.join(root, "lab", f"{probe}{horizon}")
   warm = os.path.join(root, "warm", warm_name(probe, horizon))
@@ -411,8 +408,9 @@ def main(argv=None) -> int:
   p.add_argument("--root", required=True)
   p.add_argument("--only", default="", help="comma-separated experiment ids (default: all)")
   p.add_argument("--seeds", type=int, default=None,
-                 help="seeds 0..N-1 per cell (default: each experiment's own, 5; E6 8)")
-  p.add_argument("--probe", default="", help="run only the cells of this probe (e.g. bifurcation)")
+                 help="seeds 0..N-1 per cell (default: each experiment's own, 8)")
+  p.add_argument("--probe", default="", help="run only the cells of this probe (e.g. delayed)")
+  p.add_argument("--horizons", default="", help="comma-separated: run only the cells at these horizons (e.g. 8,2)")
   p.add_argument("--arms", default="", help="comma-separated: run only the cells of these arms (a cut of cells)")
   p.add_argument("--critic", choices=("any", "pretrained", "none"), default="any",
                  help="only the runs that start from a pretrained critic, or only those that do not: two "
@@ -439,7 +437,11 @@ def main(argv=None) -> int:
   for eid in ids:
     experiment(eid)
   root = os.path.abspath(a.root)
-  runs = planned_runs(ids, None if a.seeds is None else tuple(range(a.seeds)), a.probe or None)
+  try:
+    horizons = tuple(int(h) for h in a.horizons.split(",") if h)
+  except ValueError:
+    p.error(f"--horizons {a.horizons!r}: comma-separated integers")
+  runs = planned_runs(ids, None if a.seeds is None else tuple(range(a.seeds)), a.probe or None, horizons or None)
   if a.arms:
     keep = set(a.arms.split(","))
     arms = {c.full["arm"] for e in EXPERIMENTS for c in e.cells}
