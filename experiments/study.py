@@ -159,15 +159,16 @@ def _h(label: str, h: int) -> str:
   return f"{label} h{h}"
 
 
-def _control(h: int) -> Cell:
+def _control(h: int) -> tuple[Cell, Cell]:
   """Every delayed experiment's positive control at horizon h: ms_grpo against its advantages shuffled
   (the same two runs serve E1, E3 and E4 at that horizon)."""
-  return shuffled(Cell(_h("ms_grpo", h), {"horizon": h, "arm": "ms_grpo"}), _h("ms_grpo shuffled", h))
+  real = Cell(_h("ms_grpo", h), {"horizon": h, "arm": "ms_grpo"})
+  return real, shuffled(real, _h("ms_grpo shuffled", h))
 
 
 def _e1() -> Experiment:
   cells = tuple(Cell(_h(arm, h), {"horizon": h, "arm": arm}) for h in HORIZONS for arm in E1_ARMS)
-  cells += tuple(_control(h) for h in HORIZONS)
+  cells += tuple(_control(h)[1] for h in HORIZONS)
   comps = tuple((_h(a, h), _h("gae_lambda0.95", h)) for h in HORIZONS for a in ("gae_lambda1", "ms_grpo"))
   factors = tuple((_h("ms_grpo", h), _h("dr_grpo", h), "normalisation (std vs mean-only), outcome credit")
                   for h in HORIZONS)
@@ -208,7 +209,7 @@ def _e3() -> Experiment:
   cells = tuple(c for h in HORIZONS for c in (
       Cell(_h("gae_lambda0.95 vp=on", h), {"horizon": h, "arm": "gae_lambda0.95"}),
       Cell(_h("gae_lambda0.95 vp=off", h), {"horizon": h, "arm": "gae_lambda0.95", "vp": False}),
-      _control(h)))
+      *_control(h)))
   return Experiment(
       "E3", "Value pretraining",
       "Does fitting the critic on the warm-start policy's returns before RL help PPO, more so when the "
@@ -228,7 +229,7 @@ def _e4() -> Experiment:
       Cell(_h("policy 0.95 critic 1.0", h), {"horizon": h, "arm": "gae_decoupled"}),
       Cell(_h("policy 0.95 critic 0.95", h), {"horizon": h, "arm": "gae_lambda0.95"}),
       Cell(_h("policy 1.0 critic 1.0", h), {"horizon": h, "arm": "gae_lambda1"}),
-      _control(h)))
+      *_control(h)))
   return Experiment(
       "E4", "Decoupled lambda",
       "Is a critic fitted with lambda 1 and a policy advantage with lambda 0.95 better than a shared 0.95?",

@@ -14,46 +14,36 @@ from mtrl_jax.credit.registry import hparam_defaults  # noqa: E402
 def test_every_cell_is_a_valid_config_and_shared_cells_run_once():
   """Each cell's name parses back into configs/study.py arguments that build a config with the
   cell's settings; a cell used by two experiments is one run folder. Catches a name that drops a
-  varied key (two cells in one folder), an arm or probe configs/study.py rejects, and an E2
-  synchronous cell that is not E5's trajectory grpo run."""
+  varied key (two cells in one folder), an arm or probe configs/study.py rejects, a horizon that does
+  not reach the env, and E3/E4 running their own copies of E1's cells."""
   plan = study.planned_runs()
   cells = {c.name: c for c in plan.values()}
-  # E1-E5: 240 runs (30 distinct cells x 8 seeds: 24 before issue 32, E1's dr_grpo and rloo, and the
-  # shuffled controls of E1, E1m, E2 (= E5's), E3, E4); E6 adds 96: its 8 new-arm cells, rloo, dr_grpo
-  # on memory and gigpo_std on both probes x 8 seeds (its ms_grpo, gae_lambda1, dr_grpo and rloo cells
-  # on bifurcation and its controls are E1's and E1m's runs).
-  assert len(plan) == len({(c.name, s) for e in study.EXPERIMENTS for c in e.cells for s in e.seeds}) == 336
-  assert len(study.planned_runs([e.id for e in study.EXPERIMENTS if e.id != "E6"])) == 240
+  # This round (E2, E5 cut): delayed at 3 horizons x 7 distinct cells (E1's ms_grpo, dr_grpo,
+  # gae_lambda0.95, gae_lambda1 and the shuffled control; E3's vp=off; E4's decoupled) and revisit at 2
+  # horizons x 6 cells (E6's five arms and its control), 8 seeds each: (21 + 12) x 8 = 264 runs.
+  assert len(plan) == (3 * 7 + 2 * 6) * 8 == 264
+  assert all(not e.cut for e in study.EXPERIMENTS if e.id in ("E1", "E3", "E4", "E6"))
+  assert not any(c.full["eta"] or c.full["context"] != "session" for c in cells.values())  # E2/E5 cut
   for name, cell in cells.items():
     c = study_config.get_config(name)
     full = {**study.DEFAULTS, **cell.args}
-    assert c.env.kwargs["length"] == full["horizon"] and c.rl.decoupled == full["decoupled"]
-    assert c.env.name == study_config.PROBES[full["probe"]][0]
+    assert c.env.kwargs["horizon"] == full["horizon"] and c.rl.decoupled == full["decoupled"]
+    assert c.env.name == study_config.PROBES[full["probe"]][0] and c.env.kwargs["crn"] is False
     assert c.value_pretrain.enabled == full["vp"] and c.asynchronous.enabled == (full["eta"] > 0)
-  e1, e2 = study.experiment("E1"), study.experiment("E2")
-  assert e2.cell("decoupled eta=0").name == study.experiment("E5").cell("trajectory grpo").name
-  # E1 on memory: E1's arms at the long horizon (those the claim names), on the memory probe without the hint
-  e1m = study.experiment("E1m")
-  assert [c.args["arm"] for c in e1m.cells] == list(study.E1M_ARMS) + ["ms_grpo"]  # + its control
-  assert set(study.E1M_ARMS) <= set(study.E1_ARMS) >= {"gae_lambda0.95", "gae_lambda1", "gae_decoupled",
-                                                       "gae_length_adaptive", "ms_grpo"}
-  assert all(study_config.get_config(c.name).env.kwargs["hint"] is False for c in e1m.cells)
-  assert not {c.name for c in e1m.cells} & {c.name for c in e1.cells}
-  # E4's grid: the four corners are four different (lambda_policy, lambda_critic) settings
-  lams = set()
-  for cell in study.experiment("E4").cells:
-    kw = study_config.get_config(cell.name).rl.estimator_kwargs
-    lams.add((kw["lambda_policy"], kw["lambda_critic"]))
-  assert lams == {(0.95, 0.95), (1.0, 1.0), (0.95, 1.0), (1.0, 0.95)}
-  # E6: the new estimators and the references on both long-horizon probes, 8 seeds, E1's recipe;
-  # its reference cells are E1's / E1m's runs (shared folders), run on for seeds 5-7.
+  e1, e3, e4 = (study.experiment(x) for x in ("E1", "E3", "E4"))
+  for h in study.HORIZONS:
+    assert e3.cell(f"gae_lambda0.95 vp=on h{h}").name == e1.cell(f"gae_lambda0.95 h{h}").name
+    assert e4.cell(f"policy 0.95 critic 0.95 h{h}").name == e1.cell(f"gae_lambda0.95 h{h}").name
+    assert e4.cell(f"policy 1.0 critic 1.0 h{h}").name == e1.cell(f"gae_lambda1 h{h}").name
+    for e in (e3, e4):  # E1's control at that horizon, the same runs
+      assert e.cell(f"ms_grpo shuffled h{h}").name == e1.cell(f"ms_grpo shuffled h{h}").name
+  assert max(study.HORIZONS) >= 32  # issue 32: the sweep reaches 32 turns
+  lams = {(h, tuple(study_config.get_config(c.name).rl.estimator_kwargs[k] for k in ("lambda_policy", "lambda_critic")))
+          for c in e4.cells if (h := c.full["horizon"]) and c.full["arm"] != "ms_grpo"}
+  assert lams == {(h, lam) for h in study.HORIZONS for lam in ((0.95, 1.0), (0.95, 0.95), (1.0, 1.0))}
   e6 = study.experiment("E6")
-  assert e6.seeds == tuple(range(8))
-  got = {(study_config.get_config(c.name).rl.estimator, study_config.get_config(c.name).env.name) for c in e6.cells}
-  assert got == {(est, env) for est in ("gigpo", "hgpo", "mt_grpo", "progress", "ms_grpo", "rloo", "gae", "grpo")
-                 for env in ("bifurcation", "memory")}
-  assert e6.cell("ms_grpo bifurcation").name == e1.cell("ms_grpo h8").name
-  assert e6.cell("gae_lambda1 memory").name == e1m.cell("gae_lambda1 h8").name
+  got = {(study_config.get_config(c.name).rl.estimator, c.full["probe"], c.full["horizon"]) for c in e6.cells}
+  assert got == {(est, "revisit", h) for est in ("gigpo", "hgpo", "ms_grpo", "grpo") for h in study.E6_HORIZONS}
   assert all(study_config.get_config(c.name).rl.steps == study_config.get_config(e1.cell("ms_grpo h8").name).rl.steps
              for c in e6.cells)
 
@@ -62,11 +52,11 @@ def test_normalisation_arms_and_positive_controls():
   """The normalisation factor's arms differ from their partners in scale_by_std only, and every
   experiment's control is its reference cell with rl.shuffle_advantages on and nothing else changed.
   Catches dr_grpo left std-scaled (= ms_grpo: the factor would read 0 by construction), gigpo_std left
-  mean-only, a control that changes more than the shuffle, and a comparison powered by the other
-  probe's control."""
+  mean-only, a control that changes more than the shuffle, and a comparison powered by another
+  horizon's control (a control separates or not at its own horizon)."""
   cfg = lambda e, label: study_config.get_config(study.experiment(e).cell(label).name)  # noqa: E731
-  for e, a, b in (("E1", "ms_grpo h8", "dr_grpo h8"), ("E6", "gigpo_std memory", "gigpo memory"),
-                  ("E6", "ms_grpo bifurcation", "dr_grpo bifurcation")):
+  for e, a, b in (("E1", "ms_grpo h8", "dr_grpo h8"), ("E6", "gigpo_std h4", "gigpo h4"),
+                  ("E6", "ms_grpo h16", "dr_grpo h16")):
     ca, cb = cfg(e, a), cfg(e, b)
     std = lambda c: {**hparam_defaults(c.rl.estimator), **dict(c.rl.estimator_kwargs)}["scale_by_std"]  # noqa: E731
     assert std(ca) is True and std(cb) is False
@@ -78,35 +68,37 @@ def test_normalisation_arms_and_positive_controls():
       assert cs.rl.shuffle_advantages is True and cr.rl.shuffle_advantages is False
       cs.rl.shuffle_advantages = False
       assert cs.to_json() == cr.to_json()
-    for a, b in e.comparisons:
+    for a, b in e.comparisons + tuple((a, b) for a, b, _ in e.factors):
       ctl = e.control_for(a)
-      assert e.cell(ctl[0]).full["probe"] == e.cell(a).full["probe"]
+      assert e.cell(ctl[0]).warm == e.cell(a).warm == e.cell(b).warm, (e.id, a, b, ctl)
+  assert study.experiment("E1").control_for("gae_lambda1 h32") == ("ms_grpo h32", "ms_grpo shuffled h32")
   e6 = study.experiment("E6")
-  assert e6.control_for("gigpo memory") == ("ms_grpo memory", "ms_grpo shuffled memory")
+  assert e6.control_for("gigpo h16") == ("ms_grpo h16", "ms_grpo shuffled h16")
   factors = {f for _, _, f in e6.factors}
   assert any(f.startswith("normalisation") for f in factors) and any(f.startswith("credit") for f in factors)
 
 
 def test_dry_run_passes_the_warm_start_to_every_run(capsys):
-  """E4's cells are critic arms with value pretraining: every seed's run starts from the probe's
-  one critic warm start (seed 0), which starts from the probe's policy warm start; E3's vp=off
-  cells start from the policy warm start (no pretrained critic). Catches a critic warm start per
-  seed (8x the value pretraining), a vp=on run without the critic, or a vp=off run handed one."""
-  assert study.main(["--root", "/tmp/nowhere", "--only", "E4,E3", "--dry_run"]) == 0
+  """E4's critic arms with value pretraining start from their horizon's one critic warm start (seed
+  0), which starts from that horizon's policy warm start; E3's vp=off cells and the control start from
+  the policy warm start (no pretrained critic). Catches a critic warm start per seed (8x the value
+  pretraining), a vp=on run without the critic, a vp=off run handed one, or another horizon's."""
+  assert study.main(["--root", "/tmp/nowhere", "--only", "E4,E3", "--horizons", "8", "--dry_run"]) == 0
   lines = capsys.readouterr().out.strip().splitlines()
   summary = json.loads(lines[-1])
-  # 6 cells before issue 32 and the shuffled gae_lambda0.95 control E3 and E4 share
-  assert summary["runs"] == 7 * len(study.SEEDS) and summary["critic_warm_starts"] == 1
+  # h8: gae_decoupled, gae_lambda0.95, gae_lambda1, gae_lambda0.95 vp=off, ms_grpo and its shuffle
+  assert summary["runs"] == 6 * len(study.SEEDS) and summary["critic_warm_starts"] == 1
   cmds = [x for x in lines[:-1] if not x.startswith("#")]
   critic = [x for x in cmds if "stage=critic" in x]
   runs = [x for x in cmds if "stage=" not in x]
-  assert len(runs) == 7 * len(study.SEEDS) and len(critic) == 1 and "stage=critic,seed=0 " in critic[0]
-  assert all("--config.init_from=/tmp/nowhere/warm/probe=bifurcation,horizon=8 " in x + " " for x in critic)
+  assert len(runs) == 6 * len(study.SEEDS) and len(critic) == 1 and "stage=critic,seed=0 " in critic[0]
+  warm = "--config.init_from=/tmp/nowhere/warm/probe=delayed,horizon=8"
+  assert all(warm + " " in x + " " for x in critic)
   for x in runs:
-    if "vp=false" in x:
-      assert x.endswith("--config.init_from=/tmp/nowhere/warm/probe=bifurcation,horizon=8"), x
+    if "vp=false" in x or "arm=ms_grpo" in x:
+      assert x.endswith(warm), x
     else:
-      assert x.endswith("--config.init_from=/tmp/nowhere/warm/probe=bifurcation,horizon=8,critic,seed=0"), x
+      assert x.endswith(warm + ",critic,seed=0"), x
   with pytest.raises(KeyError):
     study.main(["--root", "/tmp/nowhere", "--only", "E9", "--dry_run"])
 
@@ -119,24 +111,32 @@ def test_lab_jobs_match_the_warm_starts_they_load():
     _, cmd, workdir = study.lab_job("python", "/r", probe)
     cfg_arg = next(x for x in cmd if x.startswith("--config=")).split(":", 1)[1]
     lab = lab_config.get_config(cfg_arg)
-    probe_cfg = study_config.get_config(f"probe={probe},horizon={max(study.E1_HORIZONS)},stage=warm")
+    probe_cfg = study_config.get_config(f"probe={probe},horizon={study.LAB_HORIZON},stage=warm")
     assert lab.env.name == probe_cfg.env.name
     assert dict(lab.env.kwargs) == dict(probe_cfg.env.kwargs)
-    assert f"--config.init_from=/r/warm/probe={probe},horizon={max(study.E1_HORIZONS)}" in cmd
+    assert f"--config.init_from=/r/warm/probe={probe},horizon={study.LAB_HORIZON}" in cmd
 
 
 def test_probe_arms_and_critic_filters_cut_cells_not_seeds(capsys):
-  """--probe, --arms and --critic keep whole cells (every seed) and nothing else; an arm no cell has
-  is an error naming it. Catches a filter that is ignored (56 runs instead of 16) or drops seeds."""
-  assert study.main(["--root", "/tmp/nowhere", "--only", "E6", "--probe", "memory", "--arms", "gigpo,rloo",
+  """--probe, --horizons, --arms and --critic keep whole cells (every seed) and nothing else; an arm no
+  cell has is an error naming it. Catches a filter that is ignored (more runs) or drops seeds."""
+  assert study.main(["--root", "/tmp/nowhere", "--only", "E6", "--horizons", "16", "--arms", "gigpo,hgpo",
                      "--dry_run"]) == 0
   lines = capsys.readouterr().out.strip().splitlines()
   assert json.loads(lines[-1])["runs"] == 2 * len(study.E6_SEEDS)
   runs = [x for x in lines[:-1] if not x.startswith("#") and "stage=" not in x]
-  assert len(runs) == 16 and all("probe=memory" in x and ("arm=gigpo" in x or "arm=rloo" in x) for x in runs)
+  assert len(runs) == 16 and all("probe=revisit,horizon=16" in x and ("arm=gigpo" in x or "arm=hgpo" in x)
+                                 for x in runs)
   assert study.main(["--root", "/tmp/nowhere", "--only", "E3", "--critic", "none", "--dry_run"]) == 0
   summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
-  assert summary["runs"] == 2 * len(study.SEEDS) and summary["critic_warm_starts"] == 0  # the vp=off cells
+  # per horizon: vp=off, ms_grpo and its shuffle
+  assert summary["runs"] == 3 * len(study.HORIZONS) * len(study.SEEDS) and summary["critic_warm_starts"] == 0
+  assert study.main(["--root", "/tmp/nowhere", "--probe", "delayed", "--horizons", "2", "--dry_run"]) == 0
+  summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+  assert summary == {"dry_run": True, "warm_starts": 1, "critic_warm_starts": 1, "runs": 7 * len(study.SEEDS)}
+  # a cut experiment runs only when named
+  assert study.main(["--root", "/tmp/nowhere", "--only", "E5", "--dry_run"]) == 0
+  assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["runs"] == 5 * len(study.SEEDS)
   with pytest.raises(SystemExit):
     study.main(["--root", "/tmp/nowhere", "--arms", "bogus", "--dry_run"])
   assert "no cell has ['bogus']" in capsys.readouterr().err
