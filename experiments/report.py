@@ -29,7 +29,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import records as records_mod  # noqa: E402
 import stats  # noqa: E402
-from study import CONFIG, E6_SEEDS, EXPERIMENTS, PROBES, SEEDS, critic_warm, warm_name  # noqa: E402
+from study import CONFIG, EXPERIMENTS, PROBES, SEEDS, critic_warm, warm_name  # noqa: E402
 
 AUC_DEF = ("AUC = area under rollout success vs `tokens_seen` (trapezoid over the RL steps) divided by "
            "the token span: the token-weighted mean training success, higher = learns sooner per token.")
@@ -414,25 +414,56 @@ PROTOCOL = """**Setup, and what was tuned.** Every RL cell: the 2-layer d=64 byt
 sessions, one minibatch, PPO clip 0.2 / 0.28, sampled at temperature 1, from its probe's warm start (600 steps
 of behaviour cloning on 1000 quality-0.5 demos), a format penalty of 0.1 per invalid reply in RL, eval at the
 warm start and after the last update on 256 held-out tasks. One learning rate for every arm, rl.lr = 5e-4,
-chosen from pilots on bifurcation h8 at seeds 100 and 101 (not study seeds) with grpo, gae_lambda0.95 and
-gae_lambda1. The critic arms share one critic recipe: a separate trunk initialised from the policy (critic lr
-1e-3) and, with value pretraining on, the probe's one pretrained critic (160 critic steps on Monte-Carlo
-targets of the warm start's sessions). The length-adaptive arm uses alpha = 2 (lambda ~ 0.98 at the ~26
-action tokens of a bifurcation h8 session): chosen for the regime, not tuned. Normalisation is a factor of
-its own: grpo / ms_grpo divide the group-centred return by the group std, dr_grpo (Dr. GRPO) and gigpo do
-not, gigpo_std does, rloo is dr_grpo's advantage times G / (G - 1). Every experiment's positive control is
-its reference arm with the advantages permuted over the batch's action tokens each update
-(rl.shuffle_advantages: the same values, their pairing with the tokens broken)."""
+chosen on bifurcation h8 pilots (seeds 100 and 101, not study seeds) before the probes below existed; it was
+not re-tuned for them. The probes draw the noise and the payoffs the agent cannot see per session (issue 32):
+sessions of one group share the task, not the draws, so no group baseline cancels the noise between an early
+choice and its payoff. `delayed` (E1, E3, E4) pays turn 0's choice (`left`: cost 0.1, pays 1 w.p. 0.95;
+`right`: free, pays w.p. 0.3) at the last of H turns, through +-0.1 per-session noise on each copy turn between;
+`revisit` (E6) is a slippery corridor of H // 2 + 1 cells whose cells recur, so GiGPO's step groups differ
+from episode groups (docs/probes.md). The critic arms share one critic recipe: a separate trunk initialised
+from the policy (critic lr 1e-3) and, with value pretraining on, the probe's one pretrained critic (Monte-Carlo
+targets of the warm start's sessions). Normalisation is a factor of its own: grpo / ms_grpo divide the
+group-centred return by the group std, dr_grpo (Dr. GRPO) and gigpo do not, gigpo_std does. Every
+experiment's positive control is ms_grpo against the same arm with its advantages permuted over the batch's
+action tokens each update (rl.shuffle_advantages: the same values, their pairing with the tokens broken), at
+the comparison's own probe and horizon."""
+
+
+# The 2026-11-27 study's verdicts (commit acf1d62, docs/STUDY.md there; no per-run data kept), and what the
+# new design says about each: why it could not test its claim on bifurcation / memory.
+OLD_VERDICTS = (
+    ("E1", "not reproduced (1 reversal: ms_grpo < gae)",
+     "not testable on bifurcation h8: ~26 action tokens, and the noise and payoff draw were common to every "
+     "session of a group, so the horizon was irrelevant to every group estimator; the reversal tracked std "
+     "normalisation, which no arm isolated. Re-run on `delayed` at H = 2, 8, 32 with Dr. GRPO (E1 below)"),
+    ("E1m", "not tested (cut)", "memory h8 stayed at its warm start on every arm; dropped (its CRN makes the "
+     "horizon irrelevant too)"),
+    ("E2", "not run", "cut again this round (not a credit-assignment question)"),
+    ("E3", "reproduced", "not testable as run: its critic read EV 0.79 x the oracle's on a 20-round readout whose "
+     "oracle EV swung 0.10-0.54, below the 0.8 bar; re-run on `delayed` with the readout's interval (E3 below)"),
+    ("E4", "inconclusive", "not testable on bifurcation: lambda 0.95 and 1 tie by construction there (0.816 on "
+     "every seed): the critic knows the arm's value at the first TD step. Re-run on `delayed` (E4 below)"),
+    ("E5", "not tested (cut)", "cut again this round"),
+    ("E6", "inconclusive (2 of 8 won)", "not testable as run: its wins split by normalisation (std vs mean-only), "
+     "not credit structure, and did not survive a multiplicity correction. Re-run on `revisit` with the 2 x 2 of "
+     "normalisation x credit structure (E6 below)"),
+)
+
+
+def old_verdicts() -> str:
+  return ("The study run of 2026-11-27 (commit acf1d62) published the verdicts below from bifurcation and memory. "
+          "It kept no per-run data, so they cannot be recomputed; the new design shows why none of them tested "
+          "its claim:\n\n" + _table(["experiment", "2026-11-27 verdict", "now"], [list(r) for r in OLD_VERDICTS]))
 
 
 def header(n_runs: int, n_missing: int, date: str, records_dir: str) -> str:
   return f"""# The credit-assignment study
 
-The experiments re-test published claims about credit assignment in multi-turn RL of LM agents (which
-advantage estimators still credit an early decisive turn, decoupled PPO under staleness, value pretraining,
-decoupled lambdas, MS-GRPO's per-turn samples, step- and turn-level credit without a critic) on small probe
-tasks. Each cell is one `{CONFIG}` argument set, run over seeds {', '.join(map(str, SEEDS))} (E6:
-{', '.join(map(str, E6_SEEDS))}) from the probe's shared warm start, so cells differ only in what RL does.
+The experiments re-test published claims about credit assignment in multi-turn RL of LM agents (how GAE's
+lambda credits an early decisive turn as the horizon grows, value pretraining, decoupled lambdas, step-level
+credit without a critic, and how much of each difference is advantage normalisation) on small probe tasks
+whose horizon matters to every estimator. Each cell is one `{CONFIG}` argument set, run over seeds
+{', '.join(map(str, SEEDS))} from its probe's shared warm start, so cells differ only in what RL does.
 Final success = the final eval stage (256 held-out tasks). {AUC_DEF}
 
 {STATS}
@@ -442,15 +473,15 @@ Final success = the final eval stage (256 held-out tasks). {AUC_DEF}
 **Data.** This file is generated from the per-run records in `{records_dir}` alone
 (`python experiments/report.py`; schema in experiments/records.py). The study run reported at commit
 {LOST[0]} (root {LOST[1]}, 160 runs) kept no per-run data: its tables and verdicts (that file's history)
-cannot be recomputed and are not repeated here; they compared per-arm percentile-bootstrap intervals by
-overlap, without the pairing, the positive controls or a multiplicity correction.
+cannot be recomputed; they compared per-arm percentile-bootstrap intervals by overlap, without the pairing,
+the positive controls or a multiplicity correction. The last section says what each of them could not test.
 
 Generated: {date}
 Runs: {n_runs} recorded, {n_missing} missing (of the plan: every cell x seed).
 
 Reproduce (CPU, resumable; each finished run writes its record under docs/study/):
 ```bash
-python experiments/study.py --root ROOT --parallel 2 --probes --lab
+python experiments/study.py --root ROOT --parallel 2 --probes
 python experiments/report.py
 ```"""
 
@@ -463,15 +494,19 @@ def report(records_dir: str, out: str, figdir: str, date: str | None = None, fig
   os.makedirs(figdir, exist_ok=True)
   rel = os.path.relpath(figdir, os.path.dirname(os.path.abspath(out)))
   cstats = {e.id: cell_stats(e, runs, got["critics"]) for e in EXPERIMENTS}
-  ran = [e for e in EXPERIMENTS if any(s["recs"] for s in cstats[e.id].values())]
+  # A cut experiment counts as run only with records of a cell of its own (E5 shares ms_grpo h8 with E1).
+  uncut = {c.name for e in EXPERIMENTS if not e.cut for c in e.cells}
+  ran = [e for e in EXPERIMENTS if any(s["recs"] for s in cstats[e.id].values()
+                                       if not e.cut or s["cell"].name not in uncut)]
   tests = study_tests(ran, cstats)
   items = tests["items"]
   result, sections, headline = {}, [], []
   for exp in EXPERIMENTS:
     cs = cstats[exp.id]
     if exp not in ran:
-      headline.append(f"- **{exp.id}** {exp.title}: not run (no records)")
-      result[exp.id] = {"verdict": "not run", "cells": {}}
+      why = f"cut from this round ({exp.cut})" if exp.cut else "not run (no records)"
+      headline.append(f"- **{exp.id}** {exp.title}: {why}")
+      result[exp.id] = {"verdict": "cut" if exp.cut else "not run", "cells": {}}
       continue
     verdict = experiment_verdict(exp, items)
     if figures:
@@ -489,7 +524,7 @@ def report(records_dir: str, out: str, figdir: str, date: str | None = None, fig
         "cells": {label: {"n": s["final_est"].n, "final": s["final_est"].mean,
                           "final_ci": [s["final_est"].lo, s["final_est"].hi] if s["final_est"].n else None,
                           "auc": s["auc_est"].mean} for label, s in cs.items()}}
-  planned = {(c.name, s) for e in EXPERIMENTS for c in e.cells for s in e.seeds}
+  planned = {(c.name, s) for e in EXPERIMENTS if not e.cut or e in ran for c in e.cells for s in e.seeds}
   n_done = len(planned & set(runs))
   date = date or datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
   shown = os.path.relpath(os.path.abspath(records_dir), records_mod.REPO)
@@ -498,7 +533,8 @@ def report(records_dir: str, out: str, figdir: str, date: str | None = None, fig
                       f"Holm family: {tests['family']} tests (claims and factor contrasts x final success and AUC).",
                       "## Probe tasks: the warm start and the ceiling\n\n" + probe_table(got["warm"], got["ceilings"]),
                       "## The critics before RL\n\n" + critic_warm_table(got["critics"]),
-                      "## Credit-accuracy lab\n\n" + lab_section(records_dir, figdir, rel), *sections])
+                      "## Credit-accuracy lab\n\n" + lab_section(records_dir, figdir, rel), *sections,
+                      "## The 2026-11-27 verdicts, relabelled\n\n" + old_verdicts()])
   os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
   with open(out, "w") as f:
     f.write(text.rstrip() + "\n")

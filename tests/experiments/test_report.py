@@ -1,14 +1,14 @@
 """experiments/report.py and experiments/records.py: STUDY.md from per-run records alone.
 
-The fixture (docs/study/fixture/, written by `write_fixture` below) holds synthetic records of five
-experiments at seeds 0-3, built so that each verdict word of the study appears once:
+The fixture (docs/study/fixture/, written by `write_fixture` below) holds synthetic records of the
+study's four experiments of this round at seeds 0-3, built so that each verdict word appears:
 
-  E1   not reproduced  gae_decoupled (0.62) is below gae_lambda0.95 (0.70) on every seed
-  E4   not reproduced  the same two cells (E4's decoupled corner is E1's gae_decoupled)
-  E5   reproduced      both per-turn layouts +0.10 over trajectory grpo on every seed
-  E1m  underpowered    memory: every arm and the shuffled control at 0.10 (+ seed effects)
-  E3   inconclusive    vp on = vp off, the shuffled control far below: the design could see 0.15
-  E2, E6               not tested (no records of their other cells); E6's factor contrasts run
+  E1   not reproduced  gae_lambda1 (0.62) below gae_lambda0.95 (0.70) at h2 on every seed; at h32 the
+                       control does not separate, so h32's tie is underpowered (not inconclusive)
+  E4   reproduced      gae_decoupled +0.10 over gae_lambda0.95 at every horizon
+  E3   inconclusive    vp on = vp off at h2 and h8 (h32's vp off not run), the shuffled control far below
+  E6   underpowered    revisit: every arm and the shuffled control at 0.10 (+ seed effects)
+  E2, E5               cut from this round (no records)
 
 Every value is base(cell) + a seed effect shared by all arms (sd 0.08) + a residual of sd 0.005:
 the per-arm intervals of two cells 0.05 apart overlap, their paired differences do not.
@@ -32,20 +32,18 @@ FIXTURE = os.path.join(REPO, "docs", "study", "fixture")
 SEEDS = (0, 1, 2, 3)
 SEED_EFFECT = (0.06, -0.08, 0.1, -0.04)
 
+E1, E3, E4, E6 = (study.experiment(x) for x in ("E1", "E3", "E4", "E6"))
+DELAYED = {"ms_grpo": 0.80, "dr_grpo": 0.75, "gae_lambda0.95": 0.70, "gae_lambda1": 0.70, "ms_grpo shuffled": 0.40}
 BASE = {  # cell name -> final success (and AUC) before the seed effect
-    **{study.experiment("E1").cell(f"{arm} h8").name: v for arm, v in (
-        ("ms_grpo", 0.80), ("gae_lambda0.95", 0.70), ("gae_lambda1", 0.70), ("gae_decoupled", 0.62),
-        ("gae_length_adaptive", 0.70), ("dr_grpo", 0.75), ("rloo", 0.75), ("ms_grpo shuffled", 0.40))},
-    **{study.experiment("E1m").cell(c.label).name: 0.10 for c in study.experiment("E1m").cells},
-    **{study.experiment("E3").cell(label).name: v for label, v in (  # its vp=on cells are E1's
-        ("gae_lambda0.95 vp=off", 0.70), ("gae_decoupled vp=off", 0.62), ("gae_lambda0.95 vp=on shuffled", 0.40))},
-    study.experiment("E4").cell("policy 1.0 critic 0.95").name: 0.70,
-    **{study.experiment("E5").cell(label).name: v for label, v in (
-        ("trajectory grpo", 0.60), ("ms_grpo turn history", 0.70),  # ms_grpo session is E1's ms_grpo
-        ("ms_grpo turn markov", 0.70), ("trajectory grpo shuffled", 0.40))},
+    # h32's control does not separate (its shuffled arm at ms_grpo's 0.80): its claims are underpowered
+    **{E1.cell(f"{arm} h{h}").name: {("gae_lambda1", 2): 0.62, ("ms_grpo shuffled", 32): 0.80}.get((arm, h), v)
+       for h in study.HORIZONS for arm, v in DELAYED.items()},
+    **{E3.cell(f"gae_lambda0.95 vp=off h{h}").name: 0.70 for h in (2, 8)},  # = vp on; h32 not run
+    **{E4.cell(f"policy 0.95 critic 1.0 h{h}").name: 0.80 for h in study.HORIZONS},  # gae_decoupled
+    **{c.name: 0.10 for c in E6.cells},
 }
-EXPECTED = {"E1": "not reproduced", "E1m": "underpowered (control did not separate)", "E3": None,
-            "E4": "not reproduced", "E5": "reproduced", "E2": "not tested", "E6": "not tested"}
+EXPECTED = {"E1": "not reproduced", "E3": None, "E4": "reproduced", "E6": "underpowered (control did not separate)",
+            "E2": "cut", "E5": "cut"}
 
 
 def fake_run(cell: str, seed: int, value: float, args=None, invalid=0.01) -> dict:
@@ -72,9 +70,9 @@ def write_fixture(out: str, base: dict = BASE, critic_ev: float = 0.5) -> None:
     for seed in SEEDS:
       value = float(np.clip(v + SEED_EFFECT[seed] + rng.normal(0, 0.005), 0, 1))
       records.write(out, fake_run(cell, seed, round(value, 4)))
-  for probe in ("bifurcation", "memory"):
-    records.write(out, fake_critic(f"probe={probe},horizon=8", critic_ev, 0.55))
-  records.write(out, {"schema": records.SCHEMA, "kind": "warm", "warm": "probe=bifurcation,horizon=8",
+  for h in study.HORIZONS:
+    records.write(out, fake_critic(f"probe=delayed,horizon={h}", critic_ev, 0.55))
+  records.write(out, {"schema": records.SCHEMA, "kind": "warm", "warm": "probe=delayed,horizon=8",
                       "commit": "fixture", "sft_steps": 600, "success": 0.62, "greedy_success": 0.7,
                       "ceiling": 0.9453, "ceiling_tasks": 256, "wall_s": 900.0})
 
@@ -94,23 +92,32 @@ def run_report(tmp_path, records_dir, figures=False):
 
 def test_the_fixture_regenerates_with_the_same_verdicts(tmp_path, seeds4):
   """STUDY.md regenerated from the committed records in docs/study/fixture/ alone gives each experiment
-  the verdict it was built for. Breaks checked: the control ignored in experiment_verdict (E1m reads
+  the verdict it was built for. Breaks checked: the control ignored in experiment_verdict (E6 reads
   'inconclusive'); B's per-seed values paired with the wrong seeds (the seed effects stop cancelling:
-  E5 no longer 'reproduced')."""
+  E4 no longer 'reproduced'); controls matched by probe only (E1's h2 claims powered by another
+  horizon's control)."""
   res, text = run_report(tmp_path, FIXTURE, figures=True)
   got = {k: v["verdict"] for k, v in res["experiments"].items()}
-  assert (tmp_path / "figs" / "E5.png").stat().st_size > 1000 and "![E5](../figs/E5.png)" in text
+  assert (tmp_path / "figs" / "E4.png").stat().st_size > 1000 and "![E4](../figs/E4.png)" in text
   for eid, want in EXPECTED.items():
     if want is None:
       assert got[eid].startswith("inconclusive (MDE "), got[eid]
     else:
       assert got[eid].startswith(want), (eid, got[eid])
-  assert res["experiments"]["E3"]["controls"] == {"gae_lambda0.95 vp=on > gae_lambda0.95 vp=on shuffled": True}
-  assert res["experiments"]["E1m"]["controls"] == {"ms_grpo h8 > ms_grpo shuffled h8": False}
+  assert res["experiments"]["E3"]["controls"] == {f"ms_grpo h{h} > ms_grpo shuffled h{h}": h != 32 for h in study.HORIZONS}
+  assert res["experiments"]["E1"]["comparisons"]["gae_lambda1 h32 > gae_lambda0.95 h32"].startswith("underpowered")
+  assert res["experiments"]["E1"]["comparisons"]["gae_lambda1 h8 > gae_lambda0.95 h8"].startswith("inconclusive")
+  assert res["experiments"]["E3"]["comparisons"]["gae_lambda0.95 vp=on h32 > gae_lambda0.95 vp=off h32"].startswith(
+      "not tested (no records of `gae_lambda0.95 vp=off h32`")
+  assert res["experiments"]["E6"]["controls"] == {f"ms_grpo h{h} > ms_grpo shuffled h{h}": False
+                                                  for h in study.E6_HORIZONS}
   assert res["experiments"]["E1"]["comparisons"]["ms_grpo h8 > gae_lambda0.95 h8"] == "reproduced"
-  # the probe's ceiling and the Holm family size are reported
-  assert "| bifurcation | 8 | 600 | built | 0.620 | 0.700 | 0.945 |" in text
+  assert res["experiments"]["E1"]["comparisons"]["gae_lambda1 h2 > gae_lambda0.95 h2"] == "not reproduced"
+  # the probe's ceiling, the Holm family size, the cut experiments and the relabelled 2026-11-27 verdicts
+  assert "| delayed | 8 | 600 | built | 0.620 | 0.700 | 0.945 |" in text
   assert f"Holm family: {res['holm_family']} tests" in text and res["holm_family"] > 10
+  assert "**E5** MS-GRPO per-turn samples vs trajectory GRPO: cut from this round" in text
+  assert "| E4 | inconclusive | not testable on bifurcation" in text
 
 
 def test_the_committed_fixture_is_what_write_fixture_writes(tmp_path):
@@ -126,14 +133,14 @@ def test_the_committed_fixture_is_what_write_fixture_writes(tmp_path):
 
 
 def test_paired_tests_see_what_interval_overlap_does_not(tmp_path, seeds4):
-  """E5's per-turn layouts (+0.10 over trajectory grpo on every seed, seed effects sd ~0.08): the per-arm
+  """E4's decoupled corner (+0.10 over the shared 0.95 on every seed, seed effects sd ~0.08): the per-arm
   t intervals overlap, the paired difference is +0.10 with an interval of about +-0.01. Break checked: B's
   values paired with the wrong seeds (the seed effects would not cancel) fails it."""
   res, text = run_report(tmp_path, FIXTURE)
-  cells = res["experiments"]["E5"]["cells"]
-  a, b = cells["ms_grpo turn markov"], cells["trajectory grpo"]
+  cells = res["experiments"]["E4"]["cells"]
+  a, b = cells["policy 0.95 critic 1.0 h8"], cells["policy 0.95 critic 0.95 h8"]
   assert a["final_ci"][0] < b["final_ci"][1]  # the intervals overlap
-  row = next(x for x in text.splitlines() if x.startswith("| ms_grpo turn markov > trajectory grpo | final |"))
+  row = next(x for x in text.splitlines() if x.startswith("| policy 0.95 critic 1.0 h8 > policy 0.95 critic 0.95 h8 | final |"))
   diff = row.split("|")[4].strip()
   mean, lo, hi = (float(x) for x in diff.replace("[", " ").replace("]", " ").replace(",", " ").split())
   assert mean == pytest.approx(0.10, abs=0.01) and hi - lo < 0.04
@@ -141,25 +148,26 @@ def test_paired_tests_see_what_interval_overlap_does_not(tmp_path, seeds4):
 
 def test_a_critic_below_the_bar_makes_its_claims_not_tested(tmp_path, seeds4):
   """Where the critic a claim relies on is below 0.8 x the oracle's EV, its claims are 'not tested' with the
-  reason, never 'not reproduced' (E4's data reverses its claim). Break checked: untested_because returning
-  None (the bar ignored): E4 reads 'not reproduced'."""
+  reason, never 'not reproduced' (E1's data reverses one of its claims). Break checked: untested_because
+  returning None (the bar ignored): E1 reads 'not reproduced'."""
   write_fixture(str(tmp_path / "rec"), critic_ev=0.02)
   res, text = run_report(tmp_path, tmp_path / "rec")
+  assert res["experiments"]["E1"]["verdict"].startswith("not tested")
   assert res["experiments"]["E4"]["verdict"].startswith("not tested")
   assert "critic EV 0.02 = 0.04 x the oracle's 0.55" in text
-  assert res["experiments"]["E5"]["verdict"] == "reproduced"  # critic-free: unaffected
+  assert res["experiments"]["E6"]["verdict"].startswith("underpowered")  # critic-free: unaffected
 
 
 def test_missing_runs_are_listed_and_left_out(tmp_path, seeds4):
   """A record removed is a missing run, named, and its seed drops out of the pairs of its comparisons.
   Break checked: a missing record read as a run with success 0 (n 4, the paired mean moves) fails it."""
   write_fixture(str(tmp_path / "rec"))
-  cell = study.experiment("E5").cell("ms_grpo turn markov").name
+  cell = E4.cell("policy 0.95 critic 1.0 h8").name
   os.remove(tmp_path / "rec" / "runs" / cell / "seed=2.json")
   res, text = run_report(tmp_path, tmp_path / "rec")
-  assert res["experiments"]["E5"]["cells"]["ms_grpo turn markov"]["n"] == 3
+  assert res["experiments"]["E4"]["cells"]["policy 0.95 critic 1.0 h8"]["n"] == 3
   assert f"- `{cell},seed=2`" in text
-  row = next(x for x in text.splitlines() if x.startswith("| ms_grpo turn markov > trajectory grpo | final |"))
+  row = next(x for x in text.splitlines() if x.startswith("| policy 0.95 critic 1.0 h8 > policy 0.95 critic 0.95 h8 | final |"))
   assert row.split("|")[3].strip() == "3"
   assert float(row.split("|")[4].split("[")[0]) == pytest.approx(0.10, abs=0.01)
 
