@@ -201,8 +201,7 @@ def _e2() -> Experiment:
       cells, comps, controls=(("decoupled eta=0", "shuffled eta=0"),),
       note="grpo advantages, delayed h8, 2 actors; eta = 0 is the synchronous learner (both objectives "
            "coincide there); staleness measured from the token versions", figure="bars",
-      cut="not a credit-assignment question; cut from this round to fit the CPU budget (issue 32 runs E1, E3, "
-          "E4 and E6)")
+      cut="not a credit-assignment question; the CPU budget runs E1, E3, E4 and E6 (issue 32)")
 
 
 def _e3() -> Experiment:
@@ -255,7 +254,7 @@ def _e5() -> Experiment:
       cells, (("ms_grpo turn markov", "trajectory grpo"), ("ms_grpo turn history", "trajectory grpo")),
       controls=(("trajectory grpo", "trajectory grpo shuffled"),),
       note="delayed h8; `session` = the same return on every turn in one sample per session",
-      cut="cut from this round to fit the CPU budget (issue 32 runs E1, E3, E4 and E6)")
+      cut="the CPU budget runs E1, E3, E4 and E6 (issue 32)")
 
 
 # E6 runs on `revisit`: a slippery corridor whose cells recur within a session and across a group at
