@@ -99,6 +99,9 @@ def base_config() -> ml_collections.ConfigDict:
       targets="mc",  # mc: Monte-Carlo return-to-go (VC-PPO) | estimator: the RL estimator's critic targets
       patience=0,  # rounds without held-out R^2 gain > min_delta before stopping; 0 = spend the budget
       min_delta=0.01,
+      # The final readout (the critic handed to RL): this many fresh tasks, played in rounds of
+      # tasks_per_round, with session-bootstrap intervals; 0 = one round's worth.
+      readout_tasks=0,
   ))
 
   c.rollout = ml_collections.ConfigDict(dict(
@@ -327,6 +330,8 @@ def validate(c: ml_collections.ConfigDict, num_devices: int | None = None) -> No
   _check(v.targets in ("mc", "estimator"), "value_pretrain.targets", f"{v.targets!r} not in ('mc', 'estimator')")
   _check(v.patience >= 0, "value_pretrain.patience", f"must be >= 0 (0 = spend the budget), got {v.patience}")
   _check(v.warmup_steps >= 0, "value_pretrain.warmup_steps", f"must be >= 0, got {v.warmup_steps}")
+  _check(v.readout_tasks >= 0, "value_pretrain.readout_tasks",
+         f"must be >= 0 (0 = one round of tasks_per_round), got {v.readout_tasks}")
   for f in ("rl.tasks_per_update", "value_pretrain.tasks_per_round"):
     n = c.rl.tasks_per_update if f.startswith("rl") else c.value_pretrain.tasks_per_round
     _check(n >= hosts, f, f"{n} groups cannot be shared by {hosts} processes (each plays whole groups); "

@@ -24,10 +24,14 @@ fits it first on rollouts of the frozen initial policy. This stage:
   `min_delta` for `patience` rounds (0: spend the budget). Explained variance
   cannot serve here: a constant scores 0, so the first thing a zero-initialised
   head learns (the mean return) never counts as progress;
-* reports, every round and once more on a final fresh batch, the critic
-  readout of train/critic_readout.py (held-out EV and R^2, and on probes
-  that declare their decision, the oracle critic's beside them and the
-  critic's error at the decision).
+* reports, every round, the critic readout of train/critic_readout.py
+  (held-out EV and R^2, and on probes that declare their decision, the
+  oracle critic's beside them and the critic's error at the decision);
+* scores the critic it hands to RL once more, on `readout_tasks` fresh
+  tasks (0: one round's worth) played in rounds of `tasks_per_round` and
+  read as one set, with session-bootstrap 95% intervals of its EV, the
+  oracle's and their ratio: the study judges "EV >= 0.8 x the oracle's" on
+  the ratio's interval, which one round's 128 sessions leave too wide.
 
 The head critic (critic.kind='head') trains only the head: the trunk's hidden
 states are stop-gradient, and the trunk's parameters are kept bit for bit.
@@ -48,11 +52,12 @@ from mtrl_jax.metrics import Progress, say
 from mtrl_jax.models.value import PolicyWithValueHead
 from mtrl_jax.parallel.sharded_step import (init_opt_state, opt_state_shardings, replicated,
                                             sharding_context)
-from mtrl_jax.train import optim
+from mtrl_jax.train import critic_readout, optim
 from mtrl_jax.train.rl_step import critic_values
 from mtrl_jax.train.source import SyncSource
 
 TARGETS = ("mc", "estimator")
+BOOT = 2000  # session resamples of the final readout's intervals (milliseconds at 1,000 sessions)
 
 
 class ValueBatch(NamedTuple):
@@ -195,6 +200,32 @@ class ValuePretrainer:
     """The critic readout (held-out: `values_bt` were scored before fitting on `pb`)."""
     return self.learner.critic_readout(sessions, pb, values_bt)
 
+  def final_readout(self, batches) -> dict:
+    """The readout of the critic handed to RL on several fresh batches read as one set, with intervals.
+
+    `batches`: (sessions, packed batch, values) per round. Each batch's targets are its own MC
+    return-to-go; the oracle is critic_readout.readout's on the concatenation (folds by group parity,
+    group ids made distinct across batches: pack_sessions numbers each batch's groups from 0).
+    """
+    L = self.learner
+    width = max(pb.tokens_bt.shape[1] for _, pb, _ in batches)
+    pad = lambda x: np.pad(np.asarray(x), [(0, 0), (0, width - np.shape(x)[1])])  # noqa: E731
+    values, mc, mask, turn, first, group = [], [], [], [], [], []
+    offset = 0
+    for sessions, pb, values_bt in batches:
+      values.append(pad(values_bt))
+      mc.append(pad(L.mc_targets(pb)))
+      mask.append(pad(pb.loss_mask_bt))
+      turn.append(pad(pb.turn_idx_bt))
+      # as Learner.critic_readout: the row's session's turn-0 action (None on a padding row)
+      first += [sessions[i].turns[0].action if i >= 0 and sessions[i].turns else None for i in pb.session_index_b]
+      group.append(np.asarray(pb.group_id_b) + offset)
+      offset += int(np.max(pb.group_id_b)) + 1
+    cat = np.concatenate
+    return critic_readout.readout(cat(values), cat(mc), cat(mask), cat(turn), first_actions_b=first,
+                                  group_b=cat(group), decision_fn=L.decision_fn, value_fn=L.decision_value,
+                                  boot=BOOT, seed=self.c.seed)
+
   def fit(self, pb, target_bt, seed: int) -> dict:
     """epochs x minibatches steps on one packed batch; mean fit loss and the steps taken."""
     L, v = self.learner, self.v
@@ -222,6 +253,11 @@ def rounds_for(v) -> int:
   """Rounds that spend the budget of `v.steps` critic steps (the last may overshoot it)."""
   per_round = max(int(v.epochs) * int(v.minibatches), 1)
   return max(-(-int(v.steps) // per_round), 1)
+
+
+def readout_rounds(v) -> int:
+  """Rounds of `v.tasks_per_round` tasks the final readout plays: enough for `v.readout_tasks` (0: one)."""
+  return max(-(-int(v.readout_tasks) // int(v.tasks_per_round)), 1)
 
 
 def stage(run) -> dict:
@@ -272,13 +308,16 @@ def stage(run) -> dict:
       break
     if (r + 1) % c.checkpoint.every == 0 and r + 1 < total:
       run.save("value_pretrain", r + 1)
-  # The critic RL starts with, scored on one more fresh batch (no fitting).
-  sessions, _ = run._everyone(*source.next_batch(total), "value_pretrain", r + 1)
-  sessions = [s for s in sessions if s.trainable]
-  final = {}
-  if sessions:
-    pb = L._pack(sessions, multiple=multiple)
-    final = pre.readout(sessions, pb, np.asarray(L.critic_values(pb)))
+  # The critic RL starts with, scored on fresh batches (no fitting): rounds total, total + 1, ...
+  # draw task seeds no training round drew.
+  batches = []
+  for k in range(readout_rounds(v)):
+    sessions, _ = run._everyone(*source.next_batch(total + k), "value_pretrain", r + 1)
+    sessions = [s for s in sessions if s.trainable]
+    if sessions:
+      pb = L._pack(sessions, multiple=multiple)
+      batches.append((sessions, pb, np.asarray(L.critic_values(pb))))
+  final = pre.final_readout(batches) if batches else {}
   pre.hand_over_to_rl()
   out = {f"value_pretrain/{k}": x for k, x in final.items()}
   out.update({"value_pretrain/rounds": r + 1, "value_pretrain/critic_steps": steps_done})
