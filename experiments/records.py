@@ -119,8 +119,13 @@ def critic_record(workdir: str, name: str, sha: str | None = None) -> dict | Non
   if not final:
     return None
   r = final[-1]
+  # The 95% session-bootstrap ends (train/critic_readout.py) and the sessions they were read on;
+  # None in a record of a run that predates them.
+  ends = [f"{k}_{e}" for k in ("explained_variance", "oracle_explained_variance", "ev_over_oracle")
+          for e in ("lo", "hi")]
   out = {k: r.get(f"value_pretrain/{k}") for k in ("explained_variance", "oracle_explained_variance", "r2",
-                                                    "decision_gap", "oracle_decision_gap", "critic_steps")}
+                                                    "decision_gap", "oracle_decision_gap", "critic_steps",
+                                                    *ends, "readout_sessions")}
   warm, _, seed = name.rpartition(",critic,seed=")
   return {"schema": SCHEMA, "kind": "critic", "warm": warm, "seed": int(seed), "commit": sha or commit(),
           "readout": out, "wall_s": (_json(os.path.join(workdir, "wall.json")) or {}).get("wall_s")}

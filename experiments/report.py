@@ -68,20 +68,40 @@ def _table(header, rows) -> str:
 
 
 def cell_critic(cell, crit: dict) -> dict | None:
-  """The pretrained critic a cell's runs started from (the probe's one critic warm start), or None."""
+  """The pretrained critic a cell's runs started from (the probe's one critic warm start), or None.
+
+  `bar` judges CRITIC_BAR on the ratio's 95% session-bootstrap interval: "yes" (its lower end >= the
+  bar), "no" (its upper end below it) or "uncertain" (it straddles the bar). Over several critic seeds
+  the cell's ends are the means of theirs: wider than an interval on the mean ratio, never narrower.
+  A record without ends (written before they existed) makes the cell's judgement the point ratio's
+  (`interval` False), "yes" or "no".
+  """
   names = sorted({cw for s in SEEDS if (cw := critic_warm(cell, s))})
   if not names:
     return None
   got = [crit.get((cell.warm, int(n.rpartition(",critic,seed=")[2]))) for n in names]
   done = [g["readout"] for g in got if g]
   if not done:
-    return {"n": 0, "seeds": len(got), "ev": None, "oracle": None, "ratio": None, "fit_seeds": 0}
-  ev = float(np.mean([g["explained_variance"] for g in done]))
-  oracle = float(np.mean([g["oracle_explained_variance"] for g in done]))
+    return {"n": 0, "seeds": len(got), "ev": None, "oracle": None, "ratio": None, "fit_seeds": 0, "bar": None,
+            "interval": False}
+  mean = lambda key: float(np.mean([g[key] for g in done]))  # noqa: E731
+  ev, oracle = mean("explained_variance"), mean("oracle_explained_variance")
   ratios = [g["explained_variance"] / g["oracle_explained_variance"] for g in done if g["oracle_explained_variance"]]
   ratio = float(np.mean(ratios)) if ratios else None
-  return {"n": len(done), "seeds": len(got), "ev": ev, "oracle": oracle, "ratio": ratio,
-          "fit_seeds": sum(r >= CRITIC_BAR for r in ratios)}
+  ends = ("explained_variance", "oracle_explained_variance", "ev_over_oracle")
+  interval = all(g.get(f"{k}_{e}") is not None for g in done for k in ends for e in ("lo", "hi"))
+  out = {"n": len(done), "seeds": len(got), "ev": ev, "oracle": oracle, "ratio": ratio, "interval": interval}
+  if interval:
+    for k, short in zip(ends, ("ev", "oracle", "ratio")):
+      out[f"{short}_lo"], out[f"{short}_hi"] = mean(f"{k}_lo"), mean(f"{k}_hi")
+    out["sessions"] = min(int(g.get("readout_sessions") or 0) for g in done)
+    lo, hi = out["ratio_lo"], out["ratio_hi"]
+    out["bar"] = "yes" if lo >= CRITIC_BAR else "no" if hi < CRITIC_BAR else "uncertain"
+    out["fit_seeds"] = sum(g["ev_over_oracle_lo"] >= CRITIC_BAR for g in done)
+  else:
+    out["bar"] = None if ratio is None else "yes" if ratio >= CRITIC_BAR else "no"
+    out["fit_seeds"] = sum(r >= CRITIC_BAR for r in ratios)
+  return out
 
 
 def cell_stats(exp, runs: dict, crit: dict) -> dict:
@@ -104,14 +124,31 @@ def cell_stats(exp, runs: dict, crit: dict) -> dict:
   return out
 
 
-def untested_because(cs: dict, *labels) -> str | None:
-  """Why a comparison cannot test its claim: a side without runs, a pretrained critic below the bar, or None."""
+def untested_because(cs: dict, *labels, uncertain: bool = False) -> str | None:
+  """Why a comparison cannot test its claim: a side without runs, a pretrained critic below the bar, or None.
+
+  Below the bar: the ratio's interval wholly below CRITIC_BAR (cell_critic), or, for records without
+  an interval, the point ratio below it (said so). A critic whose interval straddles the bar leaves
+  the comparison tested; `uncertain=True` returns the sentence that says so (None when no critic
+  straddles it), for the verdict line.
+  """
+  def ratio_said(c):
+    if not c["interval"]:
+      return f"{c['ratio']:.2f} x the oracle's {c['oracle']:.2f} (point ratio: the record has no interval)"
+    return (f"{c['ratio']:.2f} [95% {c['ratio_lo']:.2f}, {c['ratio_hi']:.2f}] x the oracle's "
+            f"{c['oracle']:.2f}")
+
+  critics = [(lab, c) for lab in labels if (c := cs[lab]["critic"])]
+  if uncertain:
+    said = [f"`{lab}`'s critic EV {c['ev']:.2f} = {ratio_said(c)}" for lab, c in critics if c["bar"] == "uncertain"]
+    return ("; ".join(said) + f": the ratio's interval straddles the bar ({CRITIC_BAR}), so the critic may be "
+            "below it") if said else None
   unrun = [lab for lab in labels if not cs[lab]["recs"]]
   if unrun:
     return "no records of " + " and ".join(f"`{lab}`" for lab in unrun)
-  weak = [f"`{lab}`'s critic EV {c['ev']:.2f} = {c['ratio']:.2f} x the oracle's {c['oracle']:.2f}"
-          for lab in labels if (c := cs[lab]["critic"]) and c["ratio"] is not None and c["ratio"] < CRITIC_BAR]
-  missing = [f"`{lab}` has no critic record" for lab in labels if (c := cs[lab]["critic"]) and c["n"] == 0]
+  weak = [f"`{lab}`'s critic EV {c['ev']:.2f} = {ratio_said(c)}" for lab, c in critics
+          if c["bar"] == "no" and c["ratio"] is not None]
+  missing = [f"`{lab}` has no critic record" for lab, c in critics if c["n"] == 0]
   why = weak + missing
   return "; ".join(why) + f" (bar: {CRITIC_BAR} x the oracle's EV before RL)" if why else None
 
@@ -234,18 +271,32 @@ def critic_table(cs: dict) -> str:
     if pre is None and not rl["explained_variance"]:
       continue
     mean = lambda xs: _num(float(np.mean(xs))) if xs else "—"  # noqa: E731
+
+    def with_ends(key):
+      if pre is None or pre.get(key) is None:
+        return "—"
+      return (f"{pre[key]:.2f} [{pre[key + '_lo']:.2f}, {pre[key + '_hi']:.2f}]" if pre["interval"]
+              else f"{pre[key]:.2f}" + (" (point)" if key == "ratio" else ""))
+
+    bar = "—" if pre is None or pre["bar"] is None else (
+        ("**no**" if pre["bar"] == "no" else pre["bar"]) + f" ({pre['fit_seeds']} of {pre['n']} seeds)")
     rows.append([label, "no (vp off)" if pre is None else f"{pre['n']} of {pre['seeds']}",
-                 _num(pre and pre["ev"]), _num(pre and pre["oracle"]), _num(pre and pre["ratio"]),
-                 "—" if pre is None else f"{pre['fit_seeds']} of {pre['n']}",
+                 with_ends("ev"), with_ends("oracle"), with_ends("ratio"), bar,
+                 "—" if pre is None or not pre.get("sessions") else pre["sessions"],
                  mean(rl["explained_variance"]), mean(rl["oracle_explained_variance"])])
   if not rows:
     return ""
-  return ("Critics (explained variance of Monte-Carlo returns on value pretraining's held-out batch; oracle = "
-          "the mean return of the sessions sharing the turn and the turn-0 decision). A critic is fit when "
-          f"its EV reaches {CRITIC_BAR} x the oracle's (judged on the point ratio: the records hold no "
-          "per-session data for an interval on it).\n\n"
+  return ("Critics (explained variance of Monte-Carlo returns on value pretraining's held-out readout; oracle = "
+          "the mean return of the sessions sharing the turn and the turn-0 decision; [95% session-bootstrap "
+          "interval]). A critic is fit when its EV reaches "
+          f"{CRITIC_BAR} x the oracle's, judged on the ratio's interval: yes when its lower end is >= {CRITIC_BAR}, "
+          f"**no** when its upper end is below {CRITIC_BAR} (the comparisons that rely on it are not tested), "
+          "uncertain when it straddles the bar (they are tested, the interval said in the verdict). Over "
+          "several critic seeds a cell shows the means of their ends (wider than an interval on the mean); "
+          "seeds at the bar count those whose own lower end reaches it. A record without an interval "
+          "(written before value pretraining kept one) is judged on the point ratio, marked (point).\n\n"
           + _table(["cell", "pretrained critic", "EV before RL", "oracle EV", "EV / oracle", "at the bar",
-                    "EV during RL", "oracle EV during RL"], rows))
+                    "readout sessions", "EV during RL", "oracle EV during RL"], rows))
 
 
 def format_check(cs: dict) -> str:
@@ -372,15 +423,28 @@ def critic_warm_table(crit: dict) -> str:
     r = rec["readout"]
     kv = dict(p.split("=", 1) for p in warm.split(",") if "=" in p)
     ratio = r["explained_variance"] / r["oracle_explained_variance"] if r.get("oracle_explained_variance") else None
-    rows.append([kv.get("probe"), kv.get("horizon"), seed, r.get("critic_steps"), _num(r["explained_variance"], "{:.3f}"),
-                 _num(r["oracle_explained_variance"], "{:.3f}"), _num(ratio, "{:.3f}"),
-                 _num(r.get("decision_gap"), "{:.3f}"), _num(r.get("oracle_decision_gap"), "{:.3f}"),
-                 "yes" if ratio is not None and ratio >= CRITIC_BAR else "**no**"])
-  return (f"Value pretraining of the critic each critic arm starts RL with, scored on a held-out batch: "
-          f"explained variance of Monte-Carlo returns, the oracle critic's, their ratio (bar: {CRITIC_BAR}) and "
-          "the value gap between the two turn-0 decisions.\n\n"
-          + _table(["probe", "horizon", "seed", "critic steps", "EV", "oracle EV", "EV / oracle", "decision gap",
-                    "oracle gap", "at the bar"], rows))
+    lo, hi = r.get("ev_over_oracle_lo"), r.get("ev_over_oracle_hi")
+
+    def with_ends(x, key):
+      a, b = r.get(f"{key}_lo"), r.get(f"{key}_hi")
+      return _num(x, "{:.3f}") + ("" if x is None or a is None or b is None else f" [{a:.3f}, {b:.3f}]")
+
+    if lo is not None and hi is not None:
+      bar = "yes" if lo >= CRITIC_BAR else "**no**" if hi < CRITIC_BAR else "uncertain"
+    else:
+      bar = ("yes" if ratio is not None and ratio >= CRITIC_BAR else "**no**") + " (point)"
+    rows.append([kv.get("probe"), kv.get("horizon"), seed, r.get("critic_steps"), _num(r.get("readout_sessions"), "{}"),
+                 with_ends(r["explained_variance"], "explained_variance"),
+                 with_ends(r["oracle_explained_variance"], "oracle_explained_variance"),
+                 with_ends(ratio, "ev_over_oracle"),
+                 _num(r.get("decision_gap"), "{:.3f}"), _num(r.get("oracle_decision_gap"), "{:.3f}"), bar])
+  return (f"Value pretraining of the critic each critic arm starts RL with, scored on held-out sessions: "
+          f"explained variance of Monte-Carlo returns, the oracle critic's, their ratio (bar: {CRITIC_BAR}; "
+          "[95% session-bootstrap interval]) and the value gap between the two turn-0 decisions. At the bar: "
+          f"yes when the ratio's interval lies at or above {CRITIC_BAR}, **no** when below it, uncertain when it "
+          "straddles it; (point): a record without an interval, judged on the point ratio.\n\n"
+          + _table(["probe", "horizon", "seed", "critic steps", "readout sessions", "EV", "oracle EV", "EV / oracle",
+                    "decision gap", "oracle gap", "at the bar"], rows))
 
 
 def lab_section(records_dir: str, figdir: str, rel: str) -> str:
