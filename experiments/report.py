@@ -291,7 +291,7 @@ def critic_table(cs: dict) -> str:
           "interval]). A critic is fit when its EV reaches "
           f"{CRITIC_BAR} x the oracle's, judged on the ratio's interval: yes when its lower end is >= {CRITIC_BAR}, "
           f"**no** when its upper end is below {CRITIC_BAR} (the comparisons that rely on it are not tested), "
-          "uncertain when it straddles the bar (they are tested, the interval said in the verdict). Over "
+          "uncertain when it straddles the bar (they are tested; the interval is the one shown here). Over "
           "several critic seeds a cell shows the means of their ends (wider than an interval on the mean); "
           "seeds at the bar count those whose own lower end reaches it. A record without an interval "
           "(written before value pretraining kept one) is judged on the point ratio, marked (point).\n\n"
