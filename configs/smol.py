@@ -44,12 +44,11 @@ def env_for(name: str, horizon: int):
   return env_kwargs_for(name)  # textarena: its own prompts are English already (compact=False for them)
 
 
-def get_config(arg=None):
-  a = parse_args(arg, {"hf_dir": DEFAULT_HF_DIR, "env": "memory", "horizon": 1, "estimator": "ms_grpo",
-                       "seed": 0, "runlocal": False})
-  c = base_config()
-  c.seed = a["seed"]
-  c.hf_dir = a["hf_dir"]
+def use_pretrained(c, hf_dir: str):
+  """A config's policy becomes the pretrained model in `hf_dir` (configs/study.py:model=smol uses it
+  too): its runtime switches, its chat template with the env's prompt as the system message, and
+  learning rates for pretrained weights (config.validate refuses the byte model's)."""
+  c.hf_dir = hf_dir
   # The shape comes from hf_dir's config.json (train/run.py records it in the
   # workdir's config.json); these are the runtime switches.
   # Precision: "auto" = bf16 compute on GPU/TPU, fp32 on CPU; fp32 master weights and
@@ -57,9 +56,22 @@ def get_config(arg=None):
   # (or bfloat16) overrides.
   c.model.update(dict(dtype="auto", param_dtype="float32", attention="auto", scan_layers=True,
                       remat="dots", logits_chunk=128))
+  c.chat.prompt_role = "system"
+  c.sft.lr = 1e-4
+  c.sft.warmup_steps = 2
+  c.rl.lr = 1e-5
+  c.rl.critic_lr = 1e-5
+  c.rl.warmup_steps = 1
+  return c
+
+
+def get_config(arg=None):
+  a = parse_args(arg, {"hf_dir": DEFAULT_HF_DIR, "env": "memory", "horizon": 1, "estimator": "ms_grpo",
+                       "seed": 0, "runlocal": False})
+  c = use_pretrained(base_config(), a["hf_dir"])
+  c.seed = a["seed"]
   c.env.name = a["env"]
   c.env.kwargs = env_for(a["env"], a["horizon"])
-  c.chat.prompt_role = "system"
 
   c.rl.estimator = a["estimator"]
   c.critic.kind = "separate" if a["estimator"] in CRITIC_ESTIMATORS else "none"
@@ -71,16 +83,11 @@ def get_config(arg=None):
   c.demos.quality = 0.3
   c.sft.steps = 16
   c.sft.batch_size = 8
-  c.sft.lr = 1e-4
-  c.sft.warmup_steps = 2
 
   c.rl.steps = 16
   c.rl.tasks_per_update = 4
   c.rl.group_size = 8
   c.rl.minibatches = 2
-  c.rl.lr = 1e-5
-  c.rl.critic_lr = 1e-5
-  c.rl.warmup_steps = 1
 
   c.rollout.turn_budget = 8  # one-word replies; longer ones are cut (and closed by the template)
   c.rollout.context_cap = 512  # the natural-style demos of memory/bifurcation are ~200 tokens

@@ -33,8 +33,15 @@ Args:
            probe and seed; every critic arm with vp on starts from it); rl: RL (value pretraining
            first if no critic warm start is given), final eval
   runlocal smoke-test sizes
+  model    byte (the tiny byte-level model, from scratch: the study) | smol (SmolLM2-135M-Instruct,
+           pretrained: the same cell on a real model, issue 32 item 8; `_smol` below says what changes)
+  hf_dir   model=smol: the converted folder (default configs/smol.py's DEFAULT_HF_DIR)
+
+  python -m mtrl_jax.main --config=configs/study.py:model=smol,probe=delayed,horizon=2,stage=warm --workdir=W
 """
+from configs import smol
 from configs.common import default_config, shrink
+from mtrl_jax.config import env_kwargs_for
 from mtrl_jax.config_args import parse_args
 
 # name -> (registry estimator, estimator kwargs, critic kind)
@@ -80,11 +87,24 @@ PROBES = {
 PER_SESSION_PROBES = ("delayed", "revisit")
 
 
+MODELS = ("byte", "smol")
+
+
 def get_config(arg=None):
   a = parse_args(arg, {"probe": "bifurcation", "horizon": 4, "arm": "ms_grpo", "lp": -1.0, "lc": -1.0,
                        "eta": 0, "decoupled": True, "vp": True, "context": "session", "stage": "rl",
                        "seed": 0, "penalty": 0.1, "shuffle": False, "runlocal": False, "tpa": 1,
-                       "crn": False})
+                       "crn": False, "model": "byte", "hf_dir": ""})
+  if a["model"] not in MODELS:
+    raise ValueError(f"model={a['model']!r}: choose one of {MODELS}")
+  if a["hf_dir"] and a["model"] != "smol":
+    raise ValueError(f"hf_dir={a['hf_dir']!r}: only model=smol reads a pretrained folder (model={a['model']!r})")
+  c = _byte_cell(a)
+  return _smol(c, a) if a["model"] == "smol" else c
+
+
+def _byte_cell(a: dict):
+  """The cell on the byte model: all of model=byte, and the cell's design (env, arm, stage) for model=smol."""
   if a["probe"] not in PROBES:
     raise ValueError(f"probe={a['probe']!r}: choose one of {sorted(PROBES)}")
   if a["arm"] not in ARMS:
@@ -178,4 +198,56 @@ def get_config(arg=None):
   if a["runlocal"]:
     shrink(c)
     c.value_pretrain.enabled = bool(a["vp"])
+  return c
+
+
+# model=smol (issue 32 item 8): the same cell (probe, arm, horizon, seed, stage, penalty, shuffle, ...) with
+# SmolLM2-135M-Instruct as the policy. What changes, and why:
+# - configs/smol.py's pieces: the pretrained folder, dtype "auto" (bf16 compute on a GPU), remat "dots",
+#   chunked logits, scanned blocks, the chat template with the env prompt as the system message, and its
+#   pretrained-model learning rates (SFT 1e-4, RL 1e-5, critic 1e-5; config.validate refuses the byte ones);
+# - the env speaks English (style="natural") where it has the style;
+# - the context cap in tokens, not bytes (below);
+# - sizes for one GPU: a warm start plus a cell's RL run in well under two minutes on an H100/H200
+#   (experiments/study.py's SMOL_* plan and docs/accelerator.md hold the estimate and its basis).
+SMOL_DEMOS = 256       # quality 0.5 as the byte study (configs/smol.py's recipe: 256 demos)
+SMOL_SFT_STEPS = 32    # one pass over the 256 demos at batch 8 (configs/smol.py: 16 steps learned memory's format)
+SMOL_RL_STEPS = 16     # of 8 tasks x 4 sessions (the byte cells' batch and group); configs/smol.py learned
+                       # memory in 4 updates at lr 1e-5, the byte cells run 32 at lr 5e-4
+SMOL_EVAL_TASKS = 128  # at updates 0 and 16 (a success rate's sd per run <= 0.044)
+# Value pretraining's critic starts as a copy of the pretrained policy (critic.init_from_policy): the byte
+# model's 1e-3 is far above the pretrained-model range (config.PRETRAINED_LR_MAX); the SFT rate instead.
+SMOL_VP_LR = 1e-4
+# Natural-style turns in SmolLM2's ChatML, measured on the expert's sessions (2-block cut, real tokenizer):
+# delayed 114 / 216 / 624 tokens at H = 2 / 8 / 32 (~17 a turn), revisit 107-153 at H = 4 and 245-429 at
+# H = 16. The cap leaves a whole turn budget for every sampled reply: 128 + H (20 + turn_budget), in 128s.
+SMOL_CONTEXT_HEAD, SMOL_CONTEXT_TURN = 128, 20
+
+
+def _smol(c, a: dict):
+  """The byte cell's config `c` moved onto SmolLM2 (see the comment above)."""
+  smol.use_pretrained(c, a["hf_dir"] or smol.DEFAULT_HF_DIR)
+  if "style" in env_kwargs_for(c.env.name):
+    c.env.kwargs.style = "natural"
+  if a["probe"] in PER_SESSION_PROBES:  # horizon = turns
+    need = SMOL_CONTEXT_HEAD + a["horizon"] * (SMOL_CONTEXT_TURN + c.rollout.turn_budget)
+    c.rollout.context_cap = max(256, -(-need // 128) * 128)
+  else:  # configs/smol.py's cap (natural-style memory / bifurcation demos are ~200 tokens)
+    c.rollout.context_cap = 512
+  c.demos.episodes = SMOL_DEMOS
+  c.sft.steps = SMOL_SFT_STEPS
+  c.sft.batch_size = 8
+  c.value_pretrain.lr = SMOL_VP_LR
+  # A SmolLM2 checkpoint is 1.6 GB (policy and its Adam moments in fp32), 3.2 GB with a critic: one kept,
+  # none inside a stage (each stage's end saves), so 8 runs at once stay within a GPU machine's disk.
+  c.checkpoint.keep = 1
+  c.checkpoint.every = SMOL_RL_STEPS
+  if a["stage"] == "rl":
+    c.rl.steps = SMOL_RL_STEPS
+    c.eval.every = SMOL_RL_STEPS
+    c.eval.tasks = SMOL_EVAL_TASKS
+  if a["runlocal"]:  # configs/smol.py's smoke size
+    shrink(c)
+    c.sft.batch_size = 4
+    c.eval.tasks = 4
   return c
