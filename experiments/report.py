@@ -29,7 +29,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import records as records_mod  # noqa: E402
 import stats  # noqa: E402
-from study import CONFIG, EXPERIMENTS, PROBES, SEEDS, critic_warm, warm_name  # noqa: E402
+from study import CONFIG, EXPERIMENTS, PROBES, SEEDS, SMOL_RECORDS, critic_warm, plan, warm_name  # noqa: E402
 
 AUC_DEF = ("AUC = area under rollout success vs `tokens_seen` (trapezoid over the RL steps) divided by "
            "the token span: the token-weighted mean training success, higher = learns sooner per token.")
@@ -550,22 +550,23 @@ python experiments/report.py
 ```"""
 
 
-def report(records_dir: str, out: str, figdir: str, date: str | None = None, figures: bool = True) -> dict:
+def report(records_dir: str, out: str, figdir: str, date: str | None = None, figures: bool = True,
+           experiments=EXPERIMENTS) -> dict:
   """Writes `out` (and the figures, unless `figures` is False) from the records in `records_dir`; returns
   every verdict."""
   got = records_mod.load(records_dir)
   runs = got["runs"]
   os.makedirs(figdir, exist_ok=True)
   rel = os.path.relpath(figdir, os.path.dirname(os.path.abspath(out)))
-  cstats = {e.id: cell_stats(e, runs, got["critics"]) for e in EXPERIMENTS}
+  cstats = {e.id: cell_stats(e, runs, got["critics"]) for e in experiments}
   # A cut experiment counts as run only with records of a cell of its own (E5 shares ms_grpo h8 with E1).
-  uncut = {c.name for e in EXPERIMENTS if not e.cut for c in e.cells}
-  ran = [e for e in EXPERIMENTS if any(s["recs"] for s in cstats[e.id].values()
+  uncut = {c.name for e in experiments if not e.cut for c in e.cells}
+  ran = [e for e in experiments if any(s["recs"] for s in cstats[e.id].values()
                                        if not e.cut or s["cell"].name not in uncut)]
   tests = study_tests(ran, cstats)
   items = tests["items"]
   result, sections, headline = {}, [], []
-  for exp in EXPERIMENTS:
+  for exp in experiments:
     cs = cstats[exp.id]
     if exp not in ran:
       why = f"cut from this round ({exp.cut})" if exp.cut else "not run (no records)"
@@ -588,7 +589,7 @@ def report(records_dir: str, out: str, figdir: str, date: str | None = None, fig
         "cells": {label: {"n": s["final_est"].n, "final": s["final_est"].mean,
                           "final_ci": [s["final_est"].lo, s["final_est"].hi] if s["final_est"].n else None,
                           "auc": s["auc_est"].mean} for label, s in cs.items()}}
-  planned = {(c.name, s) for e in EXPERIMENTS if not e.cut or e in ran for c in e.cells for s in e.seeds}
+  planned = {(c.name, s) for e in experiments if not e.cut or e in ran for c in e.cells for s in e.seeds}
   n_done = len(planned & set(runs))
   date = date or datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
   shown = os.path.relpath(os.path.abspath(records_dir), records_mod.REPO)
@@ -607,13 +608,19 @@ def report(records_dir: str, out: str, figdir: str, date: str | None = None, fig
 
 def main(argv=None) -> dict:
   p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-  p.add_argument("--records", default=records_mod.DEFAULT_OUT, help="the record folder (experiments/records.py)")
-  p.add_argument("--out", default=os.path.join(records_mod.REPO, "docs", "STUDY.md"))
+  p.add_argument("--model", choices=("byte", "smol"), default="byte",
+                 help="smol: the study on SmolLM2 (experiments/study.py --model smol; its records and report apart)")
+  p.add_argument("--records", default=None, help="the record folder (experiments/records.py; default docs/study, "
+                                                 "docs/study_smol with --model smol)")
+  p.add_argument("--out", default=None, help="default docs/STUDY.md, docs/STUDY_smol.md with --model smol")
   p.add_argument("--figdir", default=None, help="where the figures go (default: the record folder)")
   a = p.parse_args(argv)
+  smol = a.model == "smol"
+  a.records = a.records or (SMOL_RECORDS if smol else records_mod.DEFAULT_OUT)
+  a.out = a.out or os.path.join(records_mod.REPO, "docs", "STUDY_smol.md" if smol else "STUDY.md")
   if not os.path.isdir(a.records):
     p.error(f"--records {a.records} is not a folder")
-  result = report(a.records, a.out, a.figdir or a.records)
+  result = report(a.records, a.out, a.figdir or a.records, experiments=plan(a.model))
   print(a.out)
   print(json.dumps(result))
   return result

@@ -32,6 +32,15 @@ Their critics are the same network fitted to the same targets of the same
 policy, so one per probe and seed serves every such arm (built after the
 policy warm starts, before the runs); its metrics hold the critic readout
 the report puts beside every critic result.
+
+The same study on the real model (issue 32 item 8): `--model smol` runs SMOL_EXPERIMENTS (E1's claim
+cells and positive control at horizons 2 and 8, 2 seeds) with SmolLM2-135M-Instruct as the policy
+(configs/study.py:model=smol), sized for <= 9 minutes on one H100/H200 with `--parallel 8` (the
+estimate: SMOL_HORIZONS below). Its runs, warm starts, critic warm starts and records carry `model=smol`
+at the head of their names, and its records go to docs/study_smol/ by default:
+
+  python experiments/study.py --model smol --root /tmp/smol_study --parallel 8 [--hf_dir DIR]
+  python experiments/study.py --model smol --root /tmp/s --runlocal --hf_dir CUT  # CPU smoke size
 """
 from __future__ import annotations
 
@@ -40,6 +49,7 @@ import concurrent.futures as cf
 import dataclasses
 import json
 import os
+import shutil
 import sys
 import time
 
@@ -69,14 +79,20 @@ def _fmt(v) -> str:
   return str(v).lower() if isinstance(v, bool) else str(v)
 
 
+def _model(name: str, model: str) -> str:
+  """A name on the real model leads with `model=smol` (configs/study.py's argument): its folders and
+  records never meet the byte model's; the byte model's names are as they always were."""
+  return name if model == "byte" else f"model={model},{name}"
+
+
 def cell_name(args: dict) -> str:
   full = {**DEFAULTS, **args}
   keys = [k for k in DEFAULTS if k in ALWAYS or full[k] != DEFAULTS[k]]
-  return ",".join(f"{k}={_fmt(full[k])}" for k in keys)
+  return _model(",".join(f"{k}={_fmt(full[k])}" for k in keys), full.get("model", "byte"))
 
 
-def warm_name(probe: str, horizon: int) -> str:
-  return f"probe={probe},horizon={horizon}"
+def warm_name(probe: str, horizon: int, model: str = "byte") -> str:
+  return _model(f"probe={probe},horizon={horizon}", model)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -95,7 +111,7 @@ class Cell:
 
   @property
   def warm(self) -> str:
-    return warm_name(self.full["probe"], self.full["horizon"])
+    return warm_name(self.full["probe"], self.full["horizon"], self.full.get("model", "byte"))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -293,20 +309,64 @@ def _e6() -> Experiment:
 
 EXPERIMENTS = (_e1(), _e2(), _e3(), _e4(), _e5(), _e6())
 
+# The study on the real model (issue 32 item 8: one command, <= 9 minutes on one GPU): E1's claim cells
+# (ms_grpo and gae lambda 1 against gae lambda 0.95) and its positive control (ms_grpo shuffled) at the
+# two short horizons, 2 seeds: 2 policy warm starts, 2 critic warm starts, 16 runs, each cell at
+# configs/study.py's model=smol sizes (256 demos, 32 SFT steps; 16 RL updates of 8 tasks x 4 sessions;
+# eval on 128 tasks). dr_grpo (the normalisation factor) and h32 are left to a longer window.
+# Estimate on one H100/H200 (not run on a GPU yet; basis: /work/shared/STACK.md's H100 numbers for
+# configs/smol.py, where compiling is ~85% of a short run: first RL update 40 s, then 0.22-0.30 s per
+# update of 32 sessions, behaviour cloning 48 s for 16 steps; its 16-update job ~96 s, docs/accelerator.md):
+# a job is ~15 s of start-up and weights, ~40-60 s of compiling where the persistent cache (ROOT/jax_cache)
+# has not got its programs yet, ~5 s where it has, and little work (a session is 114 tokens at h2 and 216
+# at h8: an update's 32 sessions are <= 12k token slots, ~0.1 s of the learner at the measured 42k tokens/s
+# of a 4x larger policy + critic; rollouts of 2-8 one-token turns). With --parallel 8: the warm starts
+# ~100 s, the critics ~90 s, the 16 runs in 2 waves ~100 s + ~50 s: ~6 min, 9 min with 50% to spare.
+SMOL_HORIZONS = (2, 8)
+SMOL_ARMS = ("ms_grpo", "gae_lambda0.95", "gae_lambda1")  # the control's cells are ms_grpo's, shuffled
+SMOL_SEEDS = (0, 1)
+SMOL_RECORDS = os.path.join(records.REPO, "docs", "study_smol")  # the byte study's report never reads them
 
-def experiment(eid: str) -> Experiment:
-  for e in EXPERIMENTS:
+
+def _e1_smol() -> Experiment:
+  """E1 cut to SMOL_HORIZONS x SMOL_ARMS (and the control), every cell with model=smol."""
+  e1 = _e1()
+  cells = tuple(Cell(c.label, {**c.args, "model": "smol"}) for c in e1.cells
+                if c.full["horizon"] in SMOL_HORIZONS and c.full["arm"] in SMOL_ARMS)
+  have = {c.label for c in cells}
+  return dataclasses.replace(
+      e1, title=e1.title + " on SmolLM2-135M-Instruct", cells=cells, seeds=SMOL_SEEDS,
+      comparisons=tuple(p for p in e1.comparisons if set(p) <= have),
+      controls=tuple(p for p in e1.controls if set(p) <= have),
+      factors=tuple(f for f in e1.factors if set(f[:2]) <= have),
+      note=f"`delayed` at horizons {', '.join(map(str, SMOL_HORIZONS))} in English (style natural) through "
+           "SmolLM2's chat template, from a behaviour-cloned warm start of the pretrained model "
+           "(configs/study.py:model=smol); dr_grpo and h32 not run")
+
+
+SMOL_EXPERIMENTS = (_e1_smol(),)
+
+
+def plan(model: str = "byte") -> tuple[Experiment, ...]:
+  """The experiments of one model: the study (byte) or its real-model cut (smol)."""
+  if model not in ("byte", "smol"):
+    raise ValueError(f"model={model!r}: choose byte or smol")
+  return SMOL_EXPERIMENTS if model == "smol" else EXPERIMENTS
+
+
+def experiment(eid: str, model: str = "byte") -> Experiment:
+  for e in plan(model):
     if e.id == eid:
       return e
-  raise KeyError(f"no experiment {eid!r}; have {[e.id for e in EXPERIMENTS]}")
+  raise KeyError(f"no experiment {eid!r}; have {[e.id for e in plan(model)]}")
 
 
-def planned_runs(ids=None, seeds=None, probe=None, horizons=None) -> dict[str, Cell]:
+def planned_runs(ids=None, seeds=None, probe=None, horizons=None, model="byte") -> dict[str, Cell]:
   """run folder name -> cell, over the chosen experiments (each shared cell once; by default those not
   cut from this round); each experiment's own seeds unless `seeds` is given; only one probe's cells if
-  `probe` is given, only these horizons' if `horizons` is."""
+  `probe` is given, only these horizons' if `horizons` is; `model` smol: the real model's plan."""
   out = {}
-  for e in EXPERIMENTS:
+  for e in plan(model):
     if (ids and e.id not in ids) or (not ids and e.cut):
       continue
     for c in e.cells:
@@ -425,37 +485,52 @@ def main(argv=None) -> int:
                       "(experiments/inprocess.py): runs of equal shapes compile once; needs --parallel 1")
   p.add_argument("--dry_run", action="store_true")
   p.add_argument("--python", default=sys.executable)
-  p.add_argument("--records", default=records.DEFAULT_OUT,
+  p.add_argument("--records", default=None,
                  help="where each finished run, warm start and critic warm start writes its record "
-                      "(default docs/study, what the report reads; '' = none)")
+                      "(default docs/study, what the report reads; docs/study_smol with --model smol; '' = none)")
+  p.add_argument("--model", choices=("byte", "smol"), default="byte",
+                 help="smol: the real model's plan (SMOL_EXPERIMENTS, configs/study.py:model=smol)")
+  p.add_argument("--hf_dir", default="", help="--model smol: the SmolLM2 folder (default configs/smol.py's)")
+  p.add_argument("--runlocal", action="store_true",
+                 help="every job at configs/study.py's smoke size (runlocal=true): a CPU check of the pipeline")
   a, rest = p.parse_known_args(argv)
   if a.in_process and a.parallel != 1:
     p.error("--in_process runs one job at a time in this process: drop --parallel (or use processes)")
   if bad := [r for r in rest if not r.startswith("--config.")]:
     p.error(f"unrecognized arguments: {' '.join(bad)} (only --config.FIELD=VALUE goes to the RL runs)")
+  if a.hf_dir and (a.model != "smol" or "," in a.hf_dir):
+    p.error(f"--hf_dir {a.hf_dir!r}: only with --model smol, and without a comma (it rides in the config's args)")
+  if a.model == "smol" and a.lab:
+    p.error("--lab runs on the byte model's warm starts; drop it with --model smol")
+  if a.records is None:
+    a.records = SMOL_RECORDS if a.model == "smol" else records.DEFAULT_OUT
   ids = [x for x in a.only.split(",") if x]
   for eid in ids:
-    experiment(eid)
+    experiment(eid, a.model)
   root = os.path.abspath(a.root)
   try:
     horizons = tuple(int(h) for h in a.horizons.split(",") if h)
   except ValueError:
     p.error(f"--horizons {a.horizons!r}: comma-separated integers")
-  runs = planned_runs(ids, None if a.seeds is None else tuple(range(a.seeds)), a.probe or None, horizons or None)
+  runs = planned_runs(ids, None if a.seeds is None else tuple(range(a.seeds)), a.probe or None, horizons or None,
+                      model=a.model)
   if a.arms:
     keep = set(a.arms.split(","))
-    arms = {c.full["arm"] for e in EXPERIMENTS for c in e.cells}
+    arms = {c.full["arm"] for e in plan(a.model) for c in e.cells}
     if bad := keep - arms:
       p.error(f"--arms: no cell has {sorted(bad)}; the cells' arms: {sorted(arms)}")
     runs = {n: c for n, c in runs.items() if c.full["arm"] in keep}
   if a.critic != "any":
     runs = {n: c for n, c in runs.items()
             if (critic_warm(c, int(n.rsplit("seed=", 1)[1])) is not None) == (a.critic == "pretrained")}
-  warms = sorted({c.warm for c in runs.values()} | ({warm_name(*pr) for pr in PROBES} if a.probes else set()))
+  warms = sorted({c.warm for c in runs.values()} | ({warm_name(*pr, a.model) for pr in PROBES} if a.probes else set()))
   warm_jobs = [(w, *warm_command(a.python, root, w)) for w in warms]
   critics = sorted({cw for n, c in runs.items() if (cw := critic_warm(c, int(n.rsplit("seed=", 1)[1])))})
   critic_jobs = [(w, *critic_command(a.python, root, w)) for w in critics]
   run_jobs = [(n, *run_command(a.python, root, n, c, rest)) for n, c in sorted(runs.items())]
+  more = ",".join(([f"hf_dir={a.hf_dir}"] if a.hf_dir else []) + (["runlocal=true"] if a.runlocal else []))
+  if more:
+    warm_jobs, critic_jobs, run_jobs = (_with_args(j, more) for j in (warm_jobs, critic_jobs, run_jobs))
   if a.dry_run:
     for _, cmd, _ in warm_jobs + critic_jobs + run_jobs:
       print(" ".join(cmd))
@@ -465,6 +540,8 @@ def main(argv=None) -> int:
                       "runs": len(run_jobs)}))
     return 0
   os.makedirs(root, exist_ok=True)
+  if a.model == "smol":  # --parallel N processes share one GPU: none may take 75% of its memory up front
+    os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
   # JAX's persistent compilation cache, shared by the runs: every run compiles the same
   # functions (same shapes), so all but the first load them (measured on the 2-core CPU:
   # one bifurcation run 66 s without the cache, 23 s with it; identical results). The runs'
@@ -479,6 +556,10 @@ def main(argv=None) -> int:
   def record(name, workdir):  # the record of a finished job, in the repo (experiments/records.py)
     if a.records:
       write_record(a.records, runs, name, workdir)
+    if a.model == "smol" and name in runs:
+      # A finished run is done (its metrics say so, its record holds them) and nothing starts from it;
+      # its SmolLM2 checkpoint (1.6-3.2 GB) would fill a GPU machine's disk over 16 runs.
+      shutil.rmtree(os.path.join(workdir, "checkpoints"), ignore_errors=True)
 
   failed = _pool(warm_todo, a.parallel, "warm", record, in_process=a.in_process)
   if failed:
@@ -513,6 +594,13 @@ def main(argv=None) -> int:
   print(f"study: done; python experiments/report.py --records {a.records or 'DIR'}")
   print(json.dumps(summary))
   return 0
+
+
+def _with_args(jobs: list, more: str) -> list:
+  """The jobs with `more` ("k=v,...") appended to their configs/study.py argument (the folders keep their
+  names: --hf_dir and --runlocal change where the model comes from and the sizes, not the cell)."""
+  head = f"--config={CONFIG}:"
+  return [(n, [f"{x},{more}" if x.startswith(head) else x for x in cmd], w) for n, cmd, w in jobs]
 
 
 def write_record(out: str, runs: dict, name: str, workdir: str) -> str | None:
