@@ -36,6 +36,7 @@ def shrink(c):
   c.value_pretrain.tasks_per_round = 2
   c.value_pretrain.epochs = 1
   c.value_pretrain.minibatches = 1
+  c.value_pretrain.readout_tasks = 0  # one round: the smoke size reads the critic on it
   c.rl.steps = 3
   c.rl.tasks_per_update = 2
   c.rl.group_size = 4
