@@ -176,6 +176,7 @@ def study_tests(exps: list, cstats: dict) -> dict:
       for a, b, what in pairs:
         why = untested_because(cs, a, b)
         items.append({"exp": exp.id, "kind": kind, "a": a, "b": b, "factor": what, "untested": why,
+                      "critic_note": None if why else untested_because(cs, a, b, uncertain=True),
                       "tests": {} if why else paired_tests(cs, a, b)})
   family = [(i, m) for i, it in enumerate(items) if it["kind"] != "control"
             for m, (_, t) in it["tests"].items() if t is not None]
@@ -201,7 +202,8 @@ def comparison_verdict(exp, it: dict, items: list) -> str:
   if it["untested"]:
     return f"not tested ({it['untested']})"
   mdes = [t.mde for _, t in it["tests"].values() if t is not None]
-  return stats.paired_verdict([tuple(it["judged"].values())], mdes, control_ok(exp, items, it["a"]))
+  verdict = stats.paired_verdict([tuple(it["judged"].values())], mdes, control_ok(exp, items, it["a"]))
+  return verdict + (f" (critic uncertain: {it['critic_note']})" if it.get("critic_note") else "")
 
 
 def experiment_verdict(exp, items: list) -> str:

@@ -116,7 +116,7 @@ def test_the_report_tests_a_comparison_whose_critic_is_uncertain(tmp_path, monke
   the interval in the reason.
 
   Break caught: cell_critic ignoring the intervals (the point ratio 0.5 / 0.55 = 0.91 tests the
-  claims in the second case)."""
+  claims in the second case); comparison_verdict dropping the uncertain critic's note."""
   import dataclasses
   monkeypatch.setattr(report, "EXPERIMENTS", tuple(dataclasses.replace(e, seeds=fixture.SEEDS)
                                                    for e in study.EXPERIMENTS))
@@ -131,6 +131,13 @@ def test_the_report_tests_a_comparison_whose_critic_is_uncertain(tmp_path, monke
     got[name] = fixture.run_report(tmp_path / f"out_{name}", rec)
   res, text = got["uncertain"]
   assert res["experiments"]["E1"]["verdict"].startswith("not reproduced")  # as the fixture's: tested
+  # ... and the comparison's verdict line says the critic may be below the bar (a critic-free one does not)
+  comps = res["experiments"]["E1"]["comparisons"]
+  assert comps["gae_lambda1 h2 > gae_lambda0.95 h2"] == (
+      "not reproduced (critic uncertain: `gae_lambda1 h2`'s critic EV 0.50 = 0.91 [95% 0.75, 0.98] x the "
+      "oracle's 0.55; `gae_lambda0.95 h2`'s critic EV 0.50 = 0.91 [95% 0.75, 0.98] x the oracle's 0.55: the "
+      "ratio's interval straddles the bar (0.8), so the critic may be below it)")
+  assert "critic uncertain" not in res["experiments"]["E6"]["verdict"]
   assert "| 0.91 [0.75, 0.98] | uncertain (0 of 1 seeds) | 2048 |" in text
   res, text = got["no"]
   assert res["experiments"]["E1"]["verdict"].startswith("not tested")
