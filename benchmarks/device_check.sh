@@ -2,10 +2,11 @@
 # The accelerator slice of the project in one prepared call (<= 9 minutes on
 # one H100), each stage under its own timeout, each writing OUT/<stage>.json
 # as it ends, then OUT/summary.json (every stage's record and the headline
-# numbers) and OUT/logs.tar.gz (8 files: what a device call brings back).
+# numbers) and OUT/logs.tar.gz (9 files: what a device call brings back).
 #
 #   bash benchmarks/device_check.sh [OUT_DIR]            # on the GPU machine (OUT_DIR default $OUT)
 #   DRY_RUN=1 bash benchmarks/device_check.sh OUT_DIR    # CPU, every stage at a tiny size, GPU parts skipped
+#   SMOL_STUDY=1 bash benchmarks/device_check.sh [OUT]   # weights, then the study on SmolLM2 (the rest skipped)
 #   bash benchmarks/device_check.sh --cpu-tiny OUT_DIR   # the same as DRY_RUN=1
 #
 # Stages, in order (the learner last: it takes the time that is left):
@@ -24,6 +25,13 @@
 #   learner        benchmarks/learner.py --run: MFU at T=8k, then the largest T
 #                  (doubling) in the time left; read from its printed lines if
 #                  the timeout stops it
+#   smol_study     only with SMOL_STUDY=1, and then instead of every stage but
+#                  weights (one call each: both do not fit one window):
+#                  experiments/study.py --model smol --parallel 8 on those weights
+#                  (E1's claim cells and control at horizons 2 and 8, 2 seeds: 2 warm
+#                  starts, 2 critics, 16 runs; estimate ~6 min, not yet run on a GPU);
+#                  its records in logs.tar.gz (logs/smol_study_records/), its summary
+#                  JSON line the stage's result. DRY_RUN: 1 seed, horizon 2, smoke size.
 # Run from the repository root. The wheels in .device/wheels (benchmarks/
 # device_wheels.sh) are installed into $WORK/site first; mtrl_jax itself runs
 # from PYTHONPATH=. (no install). Times: BUDGET_S (540) for the whole run;
@@ -40,10 +48,11 @@ LEARNER_MIN_S=${LEARNER_MIN_S:-100}
 if [[ "$DRY_RUN" == 1 ]]; then  # a loaded 2-core CPU: generous caps, the same code paths
   c=${DRY_CAP_S:-1800}
   : "${BUDGET_S:=5400}" "${CAP_WEIGHTS:=$c}" "${CAP_MAIN:=$c}" "${CAP_SMOL:=$c}" "${CAP_MISMATCH:=$c}" \
-    "${CAP_ROLLOUT:=$c}"
+    "${CAP_ROLLOUT:=$c}" "${CAP_SMOL_STUDY:=$c}"
 fi
 : "${BUDGET_S:=540}" "${CAP_WEIGHTS:=90}" "${CAP_MAIN:=130}" "${CAP_SMOL:=160}" "${CAP_MISMATCH:=60}" \
-  "${CAP_ROLLOUT:=120}" "${CAP_LEARNER:=600}"
+  "${CAP_ROLLOUT:=120}" "${CAP_LEARNER:=600}" "${CAP_SMOL_STUDY:=500}"
+SMOL_STUDY=${SMOL_STUDY:-0}
 SMOL_ATTENTION=${SMOL_ATTENTION:-auto}
 mkdir -p "$out" "$work/logs"
 out=$(cd "$out" && pwd)
@@ -55,6 +64,7 @@ if [[ "$DRY_RUN" == 1 ]]; then
   export JAX_PLATFORMS=cpu
   LEARNER_MIN_S=0
 fi
+if [[ "$SMOL_STUDY" == 1 ]]; then LEARNER_MIN_S=0; fi  # no learner stage in this call: the study takes the rest
 say() { echo "[device_check $(date -u +%H:%M:%S) +$((SECONDS - start))s] $*"; }
 
 # The wheels the image lacks (CPython 3.12 builds: not for the dry run's python).
@@ -101,6 +111,16 @@ skip_stage() {
   python3 benchmarks/device_report.py stage "$1" --skip "$2" --out "$out/$1.json" >/dev/null
 }
 
+# The logs' tarball and the summary: what every call ends with.
+finish() {
+  cp "$work/env.json" "$work/logs/env.json" 2>/dev/null
+  tar -czf "$out/logs.tar.gz" -C "$work" logs
+  local dry=(); [[ "$DRY_RUN" == 1 ]] && dry=(--dry-run)
+  python3 benchmarks/device_report.py summary --dir "$out" --env "$work/env.json" --budget "$BUDGET_S" \
+    --seconds "$((SECONDS - start))" "${dry[@]}"
+  say "done: $out/summary.json"
+}
+
 hf=$work/smol_hf
 rm -rf "$work/main" "$work/smol" "$hf"
 if [[ "$DRY_RUN" == 1 ]]; then
@@ -111,6 +131,7 @@ if [[ "$DRY_RUN" == 1 ]]; then
   rollout_args=(--tasks 2 --group 2 --rows 2 --reps 1 --dim 32 --layers 1 --max_turns 2 --budget 16
                 --latency_ms 1 --prompt_chars 40)
   mismatch_args=(--tiny)
+  study_args=(--runlocal --seeds 1 --horizons 2 --in_process --config.rl.steps=2)
 else
   layers=()
   main_cfg=configs/default.py
@@ -118,10 +139,29 @@ else
   tiny_run=()
   rollout_args=(--layers 24 --dim 896 --rows 16 --reps 1 --warmups 1)
   mismatch_args=()
+  study_args=(--parallel 8)
 fi
 
 run_stage weights "$CAP_WEIGHTS" "$LEARNER_MIN_S" "" \
   python3 benchmarks/weights_transfer.py materialize --src "$src" --out "$hf" --work "$work" "${layers[@]}"
+
+if [[ "$SMOL_STUDY" == 1 ]]; then
+  # The study on SmolLM2 in this call, every other stage in a call of their own (the default).
+  if [[ -f "$hf/config.json" ]]; then
+    rm -rf "$work/smol_study" "$work/logs/smol_study_records"
+    run_stage smol_study "$CAP_SMOL_STUDY" 0 "" \
+      python3 experiments/study.py --model smol --root "$work/smol_study" --hf_dir "$hf" \
+      --records "$work/logs/smol_study_records" "${study_args[@]}"
+  else
+    skip_stage smol_study "no SmolLM2 folder: the weights stage failed"
+  fi
+  for s in main_job smol bf16_mismatch rollout learner; do
+    skip_stage "$s" "SMOL_STUDY=1: this call runs the study on SmolLM2 (the default call runs this stage)"
+  done
+  finish
+  exit 0
+fi
+skip_stage smol_study "SMOL_STUDY=0: the study on SmolLM2 runs in a call of its own (SMOL_STUDY=1)"
 
 run_stage main_job "$CAP_MAIN" "$LEARNER_MIN_S" "$work/main" \
   python3 -m mtrl_jax.main --config="$main_cfg" --workdir="$work/main" "${tiny_run[@]}"
@@ -152,9 +192,4 @@ else
     python3 benchmarks/learner.py --run --skip-cpu-report --max-t "${MAX_T:-131072}"
 fi
 
-cp "$work/env.json" "$work/logs/env.json" 2>/dev/null
-tar -czf "$out/logs.tar.gz" -C "$work" logs
-dry=(); [[ "$DRY_RUN" == 1 ]] && dry=(--dry-run)
-python3 benchmarks/device_report.py summary --dir "$out" --env "$work/env.json" --budget "$BUDGET_S" \
-  --seconds "$((SECONDS - start))" "${dry[@]}"
-say "done: $out/summary.json"
+finish

@@ -20,7 +20,8 @@ import statistics
 import sys
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-STAGES = ("weights", "main_job", "smol", "bf16_mismatch", "rollout", "learner")
+STAGES = ("weights", "main_job", "smol", "bf16_mismatch", "rollout", "learner",
+          "smol_study")  # SMOL_STUDY=1: weights and smol_study run, the rest is skipped
 TIMEOUT_RCS = (124, 137)  # timeout(1)'s own code, and SIGKILL after --kill-after
 
 
@@ -144,6 +145,8 @@ def headline(stages: dict) -> dict:
   ro = get("rollout")
   h.update(rollout_sessions_per_s_ratio=ro.get("sessions_per_s_ratio"),
            rollout_slot_util_continuous=ro.get("slot_util_continuous"))
+  # the study on SmolLM2 (SMOL_STUDY=1): experiments/study.py's summary line (runs, ran, failed)
+  h.update(smol_study_s=stages.get("smol_study", {}).get("seconds"), smol_study=get("smol_study") or None)
   mm = (get("bf16_mismatch").get("results") or {})
   h.update(bf16_mismatch_share=(mm.get("bfloat16") or {}).get("share_outside"),
            fp32_mismatch_share=(mm.get("float32") or {}).get("share_outside"))

@@ -108,7 +108,7 @@ def _run(out, env_over, timeout):
 
 
 def test_no_time_left_skips_every_stage_and_still_summarises(tmp_path):
-  """BUDGET_S=5: nothing may start; every record and the summary still come back, in at most 8 files."""
+  """BUDGET_S=5: nothing may start; every record and the summary still come back, in 9 files."""
   summary, stdout = _run(tmp_path / "out", {"DRY_RUN": "1", "BUDGET_S": "5", "WORK": str(tmp_path / "w"),
                                             "DEVICE_SRC": str(tmp_path / "nothing")}, 300)
   assert sorted(os.listdir(tmp_path / "out")) == sorted(EXPECTED_FILES)
@@ -172,3 +172,17 @@ def test_headline_picks_the_numbers_the_issue_asks_for():
   assert (h["learner_mfu_t8k"], h["learner_tok_s_t8k"], h["learner_max_t"]) == (0.282, 38600.0, 65536)
   assert (h["rollout_sessions_per_s_ratio"], h["rollout_slot_util_continuous"]) == (3.0, 0.86)
   assert (h["bf16_mismatch_share"], h["fp32_mismatch_share"]) == (0.003, 0.0)
+
+
+def test_smol_study_call_records_every_other_stage_as_skipped(tmp_path):
+  """SMOL_STUDY=1 (the study on SmolLM2, a call of its own): every stage but weights and smol_study is
+  recorded as skipped with that reason, and the call still ends with all 9 files. No weights here, so
+  the study itself is skipped naming the weights stage. Catches the study call also starting the
+  default call's stages (both do not fit one window) or leaving a stage without its record."""
+  summary, _ = _run(tmp_path / "out", {"DRY_RUN": "1", "SMOL_STUDY": "1", "BUDGET_S": "5",
+                                       "WORK": str(tmp_path / "w"), "DEVICE_SRC": str(tmp_path / "nothing")}, 300)
+  assert sorted(os.listdir(tmp_path / "out")) == sorted(EXPECTED_FILES)
+  assert summary["status"] == {s: "skipped" for s in dr.STAGES}
+  for s in ("main_job", "smol", "bf16_mismatch", "rollout", "learner"):
+    assert summary["stages"][s]["reason"].startswith("SMOL_STUDY=1"), s
+  assert "weights stage failed" in summary["stages"]["smol_study"]["reason"]

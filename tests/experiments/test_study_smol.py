@@ -176,7 +176,8 @@ def test_smol_study_end_to_end_at_smoke_size(smollm2_2layer, tmp_path):
   reads as E1's cells while the byte report over the same folder sees none of them. Catches a stage
   failing on the chat path (value pretraining, a critic arm), a record under a byte name, a finished
   run keeping its checkpoint (16 of them fill a GPU machine's disk), and the report failing on smol
-  records. 9 min 37 s with all four arms on the shared 2-core CPU at load 10-12 (2026-11-28)."""
+  records. On the shared 2-core CPU (2026-11-28): 5 min 55 s under pytest at load 8-11; 9 min 37 s with all
+  four arms outside pytest at load 10-12."""
   root, rec = tmp_path / "root", tmp_path / "records"
   # One CPU device (the tests' 8 fake ones slow a job down several times), XLA level 0 as the suite.
   env = {**os.environ, "PYTHONPATH": REPO, "XLA_FLAGS": "--xla_backend_optimization_level=0", "JAX_PLATFORMS": "cpu"}
