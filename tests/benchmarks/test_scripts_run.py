@@ -53,7 +53,10 @@ RUNS = {
     # one run each of the three ways (--n 2 took 499 s of the slow tier; the reuse itself is
     # tested in tests/experiments/test_inprocess_runs.py)
     "benchmarks/many_runs.py": (["--n", "1"], True),
-    "experiments/records.py": (["--ceilings", "--out", "{w}"], False),
+    # slow: every probe's ceiling, sokoban's room generation most of it (63 s of the quick tier at
+    # load 10); the command in process on two probes, quick tier:
+    # tests/experiments/test_report.py::test_ceilings_command_writes_a_record_per_probe_and_prints_them
+    "experiments/records.py": (["--ceilings", "--out", "{w}"], True),
 }
 # Run from a copy of the repository: mutmut writes mutants/ into the folder it runs in.
 MUTATION = ["aaw", "--tests", "tests/credit/test_aaw.py", "--max-examples", "1"]
@@ -74,6 +77,9 @@ CHAINED = {"experiments/sweep.py", "experiments/summarize.py", "experiments/plot
 def user_env() -> dict:
   env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "PYTHONPATH")}
   env["JAX_PLATFORMS"] = "cpu"
+  # One device; LLVM level 0 as the suite compiles (tests/conftest.py): what these runs check (the
+  # script starts from its folder, exits 0, prints its JSON line) does not depend on it.
+  env["XLA_FLAGS"] = "--xla_backend_optimization_level=0"
   return env
 
 

@@ -32,6 +32,16 @@ sys.path.insert(0, os.path.join(ROOT, "tests", "train"))
 TINY = ModelConfig(vocab_size=64, dim=16, n_layers=1, n_heads=2, n_kv_heads=1, head_dim=8, mlp_dim=32)
 
 
+@pytest.fixture(autouse=True)
+def programs_given_back():
+  """The tests below empty jit_reuse's process-wide programs; after each, the worker gets back what it
+  held, so later tests in this process do not compile again what earlier ones shared."""
+  held = dict(jit_reuse._PROGRAMS)
+  yield
+  jit_reuse.clear()
+  jit_reuse._PROGRAMS.update(held)
+
+
 @pytest.fixture
 def no_persistent_cache():
   """Compile counts that mean compiling: the persistent cache (conftest's) off for the test."""

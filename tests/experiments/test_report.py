@@ -217,3 +217,18 @@ def test_ceiling_is_the_expert_policy_success():
   c = get_config("probe=bifurcation,horizon=8")
   top = records.ceiling(c.env.name, dict(c.env.kwargs), range(c.eval.seed_offset, c.eval.seed_offset + 256))
   assert top == pytest.approx(242 / 256)
+
+
+def test_ceilings_command_writes_a_record_per_probe_and_prints_them(tmp_path, monkeypatch, capsys):
+  """`records.py --ceilings` in process on two cheap probes (the script run itself, every probe with
+  sokoban's room generation most of its ~20 CPU seconds, is slow tier: tests/benchmarks/test_scripts_run.py).
+  Catches the command not writing one ceiling record per probe where `load` finds it, or not printing
+  the paths as its JSON line."""
+  monkeypatch.setattr(study, "PROBES", (("bifurcation", 2), ("bifurcation", 8)))
+  out = str(tmp_path / "out")
+  n = records.main(["--ceilings", "--out", out])
+  assert json.loads(capsys.readouterr().out.strip().splitlines()[-1]) == n
+  got = records.load(out)["ceilings"]
+  assert sorted(got) == ["probe=bifurcation,horizon=2", "probe=bifurcation,horizon=8"]
+  assert got["probe=bifurcation,horizon=8"]["ceiling"] == pytest.approx(242 / 256)
+  assert got["probe=bifurcation,horizon=8"]["tasks"] == 256
