@@ -232,3 +232,22 @@ def test_ceilings_command_writes_a_record_per_probe_and_prints_them(tmp_path, mo
   assert sorted(got) == ["probe=bifurcation,horizon=2", "probe=bifurcation,horizon=8"]
   assert got["probe=bifurcation,horizon=8"]["ceiling"] == pytest.approx(242 / 256)
   assert got["probe=bifurcation,horizon=8"]["tasks"] == 256
+
+
+def test_identical_arms_read_no_difference_not_an_mde_of_zero(tmp_path, seeds4):
+  """Two arms whose evals are equal on every seed (E4's decoupled corner a copy of the shared 0.95 at every
+  horizon, as critic targets that never flip a sampled eval outcome give) read "no difference (identical
+  ...)", and their zero sd does not become the experiment's MDE. Break checked: without the identical case
+  E4 reads "inconclusive (MDE 0.000)", a design that would seem to see every difference."""
+  rec = tmp_path / "rec"
+  write_fixture(str(rec))
+  for h in study.HORIZONS:
+    for seed in SEEDS:
+      src = records.load(str(rec))["runs"][(E4.cell(f"policy 0.95 critic 0.95 h{h}").name, seed)]
+      records.write(str(rec), {**src, "cell": E4.cell(f"policy 0.95 critic 1.0 h{h}").name})
+  res, _ = run_report(tmp_path, rec)
+  comps = res["experiments"]["E4"]["comparisons"]
+  assert comps["policy 0.95 critic 1.0 h8 > policy 0.95 critic 0.95 h8"] == (
+      "no difference (identical on all 4 seeds: every paired difference is 0)")
+  assert res["experiments"]["E4"]["verdict"] == "no difference (identical on every seed of every tested claim)"
+  assert res["experiments"]["E1"]["verdict"].startswith("not reproduced")  # E1 untouched
