@@ -42,7 +42,7 @@ print(json.dumps({"path": path, "programs": d.programs, "compiled": d.compiled, 
 
 def _counts(*args, env_extra=None):
   env = {k: v for k, v in os.environ.items() if not k.startswith("JAX_COMPILATION_CACHE")}
-  env.pop("XLA_FLAGS", None)  # one device, as a job runs
+  env["XLA_FLAGS"] = "--xla_backend_optimization_level=0"  # one device, as a job runs; LLVM level as the suite
   env.update(JAX_PLATFORMS="cpu", **(env_extra or {}))
   out = subprocess.run([sys.executable, "-c", _SCRIPT, *args], cwd=ROOT, env=env, capture_output=True,
                        text=True, timeout=240)

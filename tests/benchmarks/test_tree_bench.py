@@ -65,6 +65,7 @@ def test_tree_benchmark_json_line(tmp_path):
   # ask a minibatch of 4 sessions to split over 8 devices).
   env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
   env["JAX_PLATFORMS"] = "cpu"
+  env["XLA_FLAGS"] = "--xla_backend_optimization_level=0"  # compile as the suite does (tests/conftest.py)
   p = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=900, cwd=REPO)
   assert p.returncode == 0, p.stderr[-3000:]
   out = json.loads(p.stdout.strip().splitlines()[-1])

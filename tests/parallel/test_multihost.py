@@ -25,7 +25,9 @@ def _launch(n: int):
   port = _free_port()
   procs = []
   for rank in range(n):
-    env = dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS="--xla_force_host_platform_device_count=4",
+    # LLVM level 0: as this process compiles the reference (tests/conftest.py)
+    env = dict(os.environ, JAX_PLATFORMS="cpu",
+               XLA_FLAGS="--xla_force_host_platform_device_count=4 --xla_backend_optimization_level=0",
                PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]),
                MTRL_COORDINATOR_ADDRESS=f"127.0.0.1:{port}", MTRL_NUM_PROCESSES=str(n),
                MTRL_PROCESS_ID=str(rank))

@@ -11,7 +11,7 @@ import orbax.checkpoint as ocp
 import pytest
 from flax import nnx
 
-from main_helpers import ROOT, env_one_device, main_cmd, run_main
+from main_helpers import ROOT, env_one_device, main_cmd, run_main, shared_compile_cache
 from mtrl_jax.metrics import read_metrics
 from mtrl_jax.models import lora
 from mtrl_jax.train.run import Run
@@ -136,7 +136,7 @@ def test_lora_kill_and_resume_matches_uninterrupted_run(tmp_path):
   no base weights."""
   extra = [*LORA_ARGS, "--config.critic.kind=lora", "--config.rl.estimator=gae",
            "--config.rl.steps=5", "--config.eval.every=100", "--config.checkpoint.async_save=false",
-           "--config.value_pretrain.enabled=false"]
+           "--config.value_pretrain.enabled=false", shared_compile_cache(tmp_path / "jax_cache")]
   ref_dir, kill_dir = str(tmp_path / "ref"), str(tmp_path / "killed")
   ref = run_main(ref_dir, *extra, timeout=600)
   assert ref.returncode == 0, ref.stderr[-3000:]

@@ -9,7 +9,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 import pytest
 
-from main_helpers import ROOT, env_one_device, main_cmd, run_main
+from main_helpers import ROOT, env_one_device, main_cmd, run_main, shared_compile_cache
 from mtrl_jax.metrics import read_metrics
 
 
@@ -63,7 +63,8 @@ def test_main_job_runs_every_stage(tmp_path):
 
 @pytest.mark.slow
 def test_kill_and_resume_matches_uninterrupted_run(tmp_path):
-  extra = ["--config.rl.steps=6", "--config.eval.every=100", "--config.checkpoint.async_save=false"]
+  extra = ["--config.rl.steps=6", "--config.eval.every=100", "--config.checkpoint.async_save=false",
+           shared_compile_cache(tmp_path / "jax_cache")]
   ref_dir, kill_dir = str(tmp_path / "ref"), str(tmp_path / "killed")
   ref = run_main(ref_dir, *extra)
   assert ref.returncode == 0, ref.stderr[-3000:]
