@@ -52,14 +52,16 @@ ARMS = {
     "dr_grpo": ("grpo", {"scale_by_std": False}, "none"),
     "ms_grpo": ("ms_grpo", {}, "none"),
     "rloo": ("rloo", {}, "none"),
-    "return_to_go": ("return_to_go", {"gamma": 0.9}, "none"),
+    "return_to_go_gamma0.9": ("return_to_go", {"gamma": 0.9}, "none"),  # `return_to_go` is gamma 1 (the lab's)
     "gae_lambda0.95": ("gae", {"lambda_policy": 0.95, "lambda_critic": 0.95}, "separate"),
     "gae_lambda1": ("gae", {"lambda_policy": 1.0, "lambda_critic": 1.0}, "separate"),
     "gae_decoupled": ("gae", {"lambda_policy": 0.95, "lambda_critic": 1.0}, "separate"),  # VC-PPO
     # VAPO's lambda_policy = 1 - 1/(alpha l) is close to 1 on its long outputs (alpha 0.05, l in the
     # thousands); a bifurcation h8 session has l ~ 26 action tokens, where alpha 0.05 gives 0.23.
     # alpha 2 puts it in VAPO's regime here (lambda ~ 0.98 at 26 tokens; chosen, not tuned).
-    "gae_length_adaptive": ("gae", {"length_adaptive": True, "alpha": 2.0, "lambda_critic": 1.0}, "separate"),
+    # Named with its alpha: `gae_length_adaptive` is gae's default alpha 0.05 (mtrl_jax/lab/variants.py).
+    "gae_length_adaptive_alpha2": ("gae", {"length_adaptive": True, "alpha": 2.0, "lambda_critic": 1.0},
+                                   "separate"),
     "turn_gae": ("turn_gae", {}, "separate"),
     "bilevel_gae": ("bilevel_gae", {}, "separate"),
     "tree": ("tree", {}, "none"),

@@ -382,7 +382,8 @@ def warm_command(python: str, root: str, warm: str) -> tuple[list[str], str]:
   return command(python, f"{CONFIG}:{warm},stage=warm", workdir, []), workdir
 
 
-CRITIC_ARMS = {"gae_lambda0.95", "gae_lambda1", "gae_decoupled", "gae_length_adaptive", "turn_gae", "bilevel_gae"}
+CRITIC_ARMS = {"gae_lambda0.95", "gae_lambda1", "gae_decoupled", "gae_length_adaptive_alpha2", "turn_gae",
+               "bilevel_gae"}
 # One pretrained critic per probe: every seed's RL starts from the same policy warm start, so they
 # start from the same critic fitted to it too (value pretraining is ~10 CPU-minutes a critic).
 CRITIC_SEED = 0

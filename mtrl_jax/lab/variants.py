@@ -14,6 +14,14 @@ end (the per-turn MT-GRPO port verl issue #7244 reports biased),
 `reward_norm_then_sum_padded` counts the sessions that already ended as
 reward 0 at the later turn indices, and `return_to_go` (the registry's
 default) is the other order: sum to the end, then normalise per turn index.
+
+One name, one variant: a name the study's configs/study.py ARMS also uses
+means the same registry estimator and hyper-parameters there
+(tests/experiments/test_arm_names.py). A hyper-parameter away from the
+estimator's default is in the name: `gae_length_adaptive` is VAPO's
+alpha 0.05 (gae's default: lambda_policy = 1 - 1/(0.05 l), 0.23 on a
+26-token session), `gae_length_adaptive_alpha2` the study's arm (alpha 2:
+lambda ~0.98 at 26 tokens, VAPO's regime on the study's short sessions).
 """
 from __future__ import annotations
 
@@ -25,7 +33,8 @@ VARIANTS = {
     "gae_lambda0.95": ("gae", {"lambda_policy": 0.95, "lambda_critic": 0.95}, "coupled"),
     "gae_lambda1": ("gae", {"lambda_policy": 1.0, "lambda_critic": 1.0}, "mc"),
     "gae_decoupled": ("gae", {"lambda_policy": 0.95, "lambda_critic": 1.0}, "mc"),  # VC-PPO
-    "gae_length_adaptive": ("gae", {"length_adaptive": True, "lambda_critic": 1.0}, "mc"),  # VAPO
+    "gae_length_adaptive": ("gae", {"length_adaptive": True, "lambda_critic": 1.0}, "mc"),  # VAPO, alpha 0.05
+    "gae_length_adaptive_alpha2": ("gae", {"length_adaptive": True, "alpha": 2.0, "lambda_critic": 1.0}, "mc"),
     "turn_gae": ("turn_gae", {}, "mc"),
     "bilevel_gae": ("bilevel_gae", {}, "mc"),
     "grpo": ("grpo", {}, None),
