@@ -14,7 +14,10 @@ applied to the same N sessions, with the critic fitted the way the trainer
 does (value pretraining) and a progress head fitted on other sessions of
 the same policy, and scored per distance to the final reward
 (mtrl_jax/lab/scores.py); where the env lets the policy stop early
-(`info["early_exit"]`), also on the stop and the carry-on decisions apart. Output: a table, `<workdir>/lab/agreement.png`,
+(`info["early_exit"]`), also on the stop and the carry-on decisions apart. Every agreement
+fraction comes with its item count and 95% Wilson interval (scores.py); every row that reads
+a critic carries that critic's bar (lab/critic_bar.py: below 0.8 x the oracle's EV the row is
+"critic below the bar: not tested"). Output: a table, `<workdir>/lab/agreement.png`,
 `<workdir>/lab/result.json`, and the JSON object as the last line.
 
 Nothing in train/ imports this package; credit/ stays pure.
@@ -37,7 +40,7 @@ from ml_collections import config_flags
 from mtrl_jax.credit import registry as credit_registry
 from mtrl_jax.credit.batch import CreditBatch
 from mtrl_jax.envs import registry as env_registry
-from mtrl_jax.lab import scores
+from mtrl_jax.lab import critic_bar, scores
 from mtrl_jax.lab.continuations import Start, continue_from
 from mtrl_jax.lab.variants import lab_estimators
 from mtrl_jax.metrics import Progress, say
@@ -120,14 +123,25 @@ def session_values(learner, sessions) -> list[np.ndarray]:
   return [values[i, :len(s.flat_tokens())] for i, s in enumerate(sessions)]
 
 
-def critic_quality(learner, sessions) -> dict:
+# Session resamples of the critic readout's intervals (train/value_pretrain.py's BOOT; milliseconds here).
+CRITIC_BOOT = 2000
+_QUALITY_KEYS = ("explained_variance", "oracle_explained_variance", "decision_gap", "oracle_decision_gap",
+                 "explained_variance_lo", "explained_variance_hi", "oracle_explained_variance_lo",
+                 "oracle_explained_variance_hi", "ev_over_oracle_lo", "ev_over_oracle_hi")
+
+
+def critic_quality(learner, sessions, boot: int = CRITIC_BOOT, seed: int = 0) -> dict:
   """The learner's critic on the lab's sessions (held out: no critic ever fitted on them): explained
-  variance of their Monte-Carlo returns and, on probes with known values, the oracle critic's."""
+  variance of their Monte-Carlo returns and, on probes with known values, the oracle critic's, with
+  95% session-bootstrap intervals of both and of their ratio (critic_readout.ev_intervals: the
+  critic bar's input, lab/critic_bar.py). A NaN end (a degenerate bootstrap) is None."""
   pb = learner._pack(sessions)
   _, _, values = learner.score(pb)
-  r = learner.critic_readout(sessions, pb, np.asarray(values))
-  return {k: _num(r[k]) for k in ("explained_variance", "oracle_explained_variance", "decision_gap",
-                                  "oracle_decision_gap") if r.get(k) is not None}
+  r = learner.critic_readout(sessions, pb, np.asarray(values), boot=boot, seed=seed)
+  out = {k: _num(r[k]) for k in _QUALITY_KEYS if k in r}
+  if "readout_sessions" in r:
+    out["readout_sessions"] = int(r["readout_sessions"])
+  return out
 
 
 def apply_estimators(table, sessions, values: dict, learner) -> dict:
@@ -185,16 +199,15 @@ def session_shares(run, trainer, sessions) -> tuple[list[np.ndarray], float]:
 
 
 def split_scores(est_i, a_star_i, se_i, exit_i) -> dict:
-  """Sign agreement (significant items) and normalised bias on the stop decisions
-  (`exit_i`) and on the others apart, on the whole batch's scales."""
-  sig = scores.significant(a_star_i, se_i)
-  agree = np.sign(est_i) == np.sign(a_star_i)
+  """Sign agreement (significant items: their count and Wilson interval) and normalised
+  bias on the stop decisions (`exit_i`) and on the others apart, on the whole batch's scales."""
   rms_e, rms_a = scores._rms(est_i), scores._rms(a_star_i)
   out = {}
   for label, m in (("exit", exit_i), ("carry_on", ~exit_i)):
-    ms = m & sig
-    out[f"agreement_{label}"] = float(agree[ms].mean()) if ms.any() else None
-    out[f"significant_{label}"] = int(ms.sum())
+    a = scores.sign_agreement(est_i, a_star_i, se_i, m)
+    out[f"agreement_{label}"] = a["agreement"]
+    out[f"significant_{label}"] = a["items"]
+    out[f"agreement_{label}_wilson95"] = a["wilson95"]
     out[f"bias_{label}"] = float(np.mean(est_i[m] / rms_e - a_star_i[m] / rms_a)) if m.any() else None
     out[f"mean_estimate_{label}"] = float(np.mean(est_i[m] / rms_e)) if m.any() else None
     out[f"mean_a_star_{label}"] = float(np.mean(a_star_i[m] / rms_a)) if m.any() else None
@@ -229,6 +242,94 @@ def _num(x: float):
   return None if not np.isfinite(x) else round(float(x), 4)
 
 
+def _ci(ci):
+  return None if ci is None else [round(float(x), 4) for x in ci]
+
+
+def score_estimator(est_i, a_star_i, se_i, dist_i, max_dist: int, resample_ri, exit_i) -> dict:
+  """One estimator's entry of result.json: sign agreement on the significant items overall and by
+  distance, each with its item count and 95% Wilson interval; rank correlation, bias, variance; the
+  early-exit split where the batch has stops."""
+  overall = scores.sign_agreement(est_i, a_star_i, se_i)
+  per = scores.by_distance(est_i, a_star_i, se_i, dist_i, max_dist)
+  out = {"agreement": {**overall, "agreement": _num(overall["agreement"]) if overall["items"] else None,
+                       "wilson95": _ci(overall["wilson95"])},
+         "agreement_by_distance": [None if r["agreement"] is None else round(r["agreement"], 4) for r in per],
+         "agreement_by_distance_items": [r["items"] for r in per],
+         "agreement_by_distance_wilson95": [_ci(r["wilson95"]) for r in per],
+         "rank_corr": _num(scores.rank_corr(est_i, a_star_i)),
+         "bias": _num(scores.normalised_bias(est_i, a_star_i)),
+         "variance": _num(scores.resample_variance(resample_ri, est_i))}
+  if exit_i.any():
+    out["early_exit"] = {k: v if v is None or isinstance(v, (int, list)) else _num(v)
+                         for k, v in split_scores(est_i, a_star_i, se_i, exit_i).items()}
+    for k in ("agreement_exit_wilson95", "agreement_carry_on_wilson95"):
+      out["early_exit"][k] = _ci(out["early_exit"][k])
+  return out
+
+
+def mark_critic_rows(result: dict, table: dict, critics: dict) -> None:
+  """Each row that reads a critic ('mc', 'coupled') gets the critic's name, its bar
+  (critic_bar.judge, also kept in result['critics']) and the bar's verdict (None: a fair test)."""
+  for quality in critics.values():
+    quality["critic_bar"] = critic_bar.judge(quality)
+  for name, (_, _, critic) in table.items():
+    if critic in critics and name in result["estimators"]:
+      r = result["estimators"][name]
+      r["critic"] = critic
+      r["critic_bar"] = critics[critic]["critic_bar"]
+      r["verdict"] = r["critic_bar"]["verdict"]
+
+
+def _cell(frac, ci) -> str:
+  return "-" if frac is None else f"{frac:.2f} [{ci[0]:.2f}, {ci[1]:.2f}]"
+
+
+def table_lines(result: dict) -> list[str]:
+  """The printed table: sign agreement overall and per distance (95% Wilson interval in brackets,
+  item counts in the header), rank corr, bias, variance, the critic's EV and EV / oracle EV with
+  their intervals and bar; a row whose critic is below the bar says so in its name cell."""
+  counts, critics = result["significant_by_distance"], result.get("critics", {})
+  n_all = sum(counts)
+  head = " | ".join(f"d={d} (n={n})" for d, n in enumerate(counts))
+  lines = [f"| estimator | all (n={n_all}) | {head} | rank corr | bias | variance | critic EV [95%] | "
+           "oracle EV | EV / oracle [95%], bar |",
+           "|---|" + "---:|" * (len(counts) + 7)]
+  fmt = lambda x, f: "-" if x is None else format(x, f)  # noqa: E731
+  for name, r in result["estimators"].items():
+    a = r["agreement"]
+    cells = " | ".join(_cell(f, ci) for f, ci in zip(r["agreement_by_distance"], r["agreement_by_distance_wilson95"]))
+    cq = critics.get(r.get("critic"), {})
+    ev = fmt(cq.get("explained_variance"), ".3f")
+    if cq.get("explained_variance_lo") is not None and cq.get("explained_variance_hi") is not None:
+      ev += f" [{cq['explained_variance_lo']:.2f}, {cq['explained_variance_hi']:.2f}]"
+    label = name if not r.get("verdict") else f"{name} ({r['verdict']})"
+    bar = critic_bar.said(r["critic_bar"]) if "critic_bar" in r else "-"
+    lines.append(f"| {label} | {_cell(a['agreement'], a['wilson95'])} | {cells} | {fmt(r['rank_corr'], '.3f')} | "
+                 f"{fmt(r['bias'], '+.3f')} | {fmt(r['variance'], '.3f')} | {ev} | "
+                 f"{fmt(cq.get('oracle_explained_variance'), '.3f')} | {bar} |")
+  return lines
+
+
+def exit_table_lines(result: dict) -> list[str]:
+  """The early-exit table: agreement on the stops and on the other actions (95% Wilson interval;
+  the item counts in the head), the biases and the mean estimate and A* of the stops."""
+  rows = result["estimators"]
+  first = next(iter(rows.values()))["early_exit"]
+  fmt = lambda x, f: "-" if x is None else format(x, f)  # noqa: E731
+  lines = [f"| estimator | agreement stop (n={first['significant_exit']}) | agreement carry on "
+           f"(n={first['significant_carry_on']}) | bias stop | bias carry on | mean est. stop | mean A* stop |",
+           "|---|---:|---:|---:|---:|---:|---:|"]
+  for name, r in rows.items():
+    e = r["early_exit"]
+    label = name if not r.get("verdict") else f"{name} ({r['verdict']})"
+    lines.append(f"| {label} | {_cell(e['agreement_exit'], e['agreement_exit_wilson95'])} | "
+                 f"{_cell(e['agreement_carry_on'], e['agreement_carry_on_wilson95'])} | "
+                 f"{fmt(e['bias_exit'], '+.3f')} | {fmt(e['bias_carry_on'], '+.3f')} | "
+                 f"{fmt(e['mean_estimate_exit'], '+.3f')} | {fmt(e['mean_a_star_exit'], '+.3f')} |")
+  return lines
+
+
 def plot_points(agreement_by_distance: list) -> tuple[list, list]:
   """The (distance, agreement) points of one line: distances without significant
   items (None) are left out, so the line joins its neighbours across them (with
@@ -237,19 +338,38 @@ def plot_points(agreement_by_distance: list) -> tuple[list, list]:
   return [d for d, _ in xy], [y for _, y in xy]
 
 
+def error_bars(agreement_by_distance: list, wilson95: list) -> list[list]:
+  """[below, above] distances from each plotted point (plot_points' order) to its
+  Wilson interval's ends: matplotlib's asymmetric yerr."""
+  ends = [(y, ci) for y, ci in zip(agreement_by_distance, wilson95) if y is not None]
+  return [[y - ci[0] for y, ci in ends], [ci[1] - y for y, ci in ends]]
+
+
 def plot(path: str, result: dict) -> None:
   import matplotlib
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt
   fig, ax = plt.subplots(figsize=(8, 5))
-  for name, r in result["estimators"].items():
+  rows = result["estimators"]
+  for j, (name, r) in enumerate(rows.items()):
     xs, ys = plot_points(r["agreement_by_distance"])
-    ax.plot(xs, ys, marker="o", label=name, linestyle="--" if "gae" not in name else "-")
+    untested = r.get("critic_bar", {}).get("tested") is False  # not a fair test: drawn faint, said in the legend
+    label = name + (f" ({r['verdict']})" if untested else "")
+    style = dict(marker="o", label=label, linestyle="--" if "gae" not in name else "-",
+                 alpha=0.3 if untested else 1.0)
+    wilson = r.get("agreement_by_distance_wilson95")
+    if wilson is None:  # a result.json from before the intervals
+      ax.plot(xs, ys, **style)
+      continue
+    # Rows side by side within a distance, so equal rows' bars do not hide each other.
+    dx = 0.5 * (j - (len(rows) - 1) / 2) / max(len(rows), 1)
+    ax.errorbar([x + dx for x in xs], ys, yerr=error_bars(r["agreement_by_distance"], wilson), capsize=2,
+                elinewidth=0.8, markersize=4, **style)
   counts = result.get("significant_by_distance")
   if counts:  # how many items each column rests on, under its tick
     ax.set_xticks(range(len(counts)), [f"{d}\nn={n}" for d, n in enumerate(counts)])
   ax.set_xlabel("turns before the final reward (0 = the last turn); n = items with |A*| > 2 s.e.")
-  ax.set_ylabel("sign agreement with A* (|A*| > 2 s.e.)")
+  ax.set_ylabel("sign agreement with A* (|A*| > 2 s.e.), 95% Wilson interval")
   ax.set_title(f"{result['env']}: N={result['sessions']} sessions, K={result['continuations']} continuations")
   ax.set_ylim(-0.02, 1.02)
   ax.grid(alpha=0.3)
@@ -314,13 +434,13 @@ def main(argv):
   values, critics = {}, {}
   if has_critic:
     values["mc"] = session_values(run.learner, sessions)
-    critics["mc"] = critic_quality(run.learner, sessions)
+    critics["mc"] = critic_quality(run.learner, sessions, seed=c.seed)
     say(f"lab: critic (value pretraining) on the lab's sessions: {critics['mc']}")
     if lab.coupled_critic_rounds > 0 and any(e[2] == "coupled" for e in table.values()):
       saved = jax.tree.map(jnp.copy, run.learner.state.critic)
       fit_coupled_critic(run, int(lab.coupled_critic_rounds))
       values["coupled"] = session_values(run.learner, sessions)
-      critics["coupled"] = critic_quality(run.learner, sessions)
+      critics["coupled"] = critic_quality(run.learner, sessions, seed=c.seed)
       say(f"lab: coupled critic (lambda 0.95 targets) on the lab's sessions: {critics['coupled']}")
       run.learner.state = run.learner.state._replace(critic=saved)
     else:
@@ -365,23 +485,14 @@ def main(argv):
   exit_i = np.concatenate([[bool(t.info.get("early_exit", False)) for t in s.turns] for s in sessions])
   result = {"env": c.env.name, "sessions": len(sessions), "continuations": int(lab.continuations),
             "fork_randomness": str(lab.get("fork_randomness", "fresh")),
-            "env_crn": bool(dict(c.env.kwargs).get("crn", False)), "estimators": {}}
-  counts = None
+            "env_crn": bool(dict(c.env.kwargs).get("crn", False)),
+            "agreement_interval": "wilson95: 95% Wilson score interval (no continuity correction) of the "
+                                  "agreement over its items (mtrl_jax/lab/scores.py)",
+            "critic_bar": critic_bar.CRITIC_BAR, "estimators": {}}
   for name in table:
-    est_i = np.concatenate(adv[name])
-    frac, counts = scores.agreement_by_distance(est_i, a_i, se_i, dist_i, max_d)
-    result["estimators"][name] = {
-        "agreement_by_distance": [None if f is None else round(f, 4) for f in frac],
-        "rank_corr": _num(scores.rank_corr(est_i, a_i)),
-        "bias": _num(scores.normalised_bias(est_i, a_i)),
-        "variance": _num(scores.resample_variance(resampled[name], est_i))}
-    if exit_i.any():
-      result["estimators"][name]["early_exit"] = {
-          k: v if v is None or isinstance(v, int) else _num(v)
-          for k, v in split_scores(est_i, a_i, se_i, exit_i).items()}
-  for name, (_, _, critic) in table.items():  # the critic each estimator's advantages read
-    if critic in critics:
-      result["estimators"][name]["critic"] = critic
+    result["estimators"][name] = score_estimator(np.concatenate(adv[name]), a_i, se_i, dist_i, max_d,
+                                                 resampled[name], exit_i)
+  mark_critic_rows(result, table, critics)  # the critic each estimator's advantages read, and its bar
   if critics:
     result["critics"] = critics
   if progress_info is not None:
@@ -391,7 +502,8 @@ def main(argv):
     pb = run.learner._pack(sessions)
     result["step_groups"] = {k: int(v) for k, v in step_group_stats(_credit_batch(pb, None)).items()}
   sig = scores.significant(a_i, se_i)
-  result["significant_by_distance"] = counts
+  result["significant_by_distance"] = [int((sig & (dist_i == d)).sum()) for d in range(max_d + 1)]
+  counts = result["significant_by_distance"]
   result["a_star_mean_abs_by_distance"] = [round(float(np.abs(a_i[dist_i == d]).mean()), 4) for d in range(max_d + 1)]
   result["a_star_se_mean"] = round(float(se_i.mean()), 4)
   result["tokens"] = {"sessions": int(res.ledger.generated_total + res.ledger.prefilled_total),
@@ -413,28 +525,14 @@ def main(argv):
   print(f"{platform.machine()} {os.cpu_count()} cores, load {tuple(round(x, 1) for x in os.getloadavg())}, "
         f"{datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC; seconds {result['seconds']}; "
         f"tokens {result['tokens']}")
-  head = " | ".join(f"d={d}" for d in range(max_d + 1))
-  print(f"\n| estimator | {head} | rank corr | bias | variance | critic EV | oracle EV |")
-  print("|---|" + "---:|" * (max_d + 6))
-  fmt = lambda x, f: "-" if x is None else format(x, f)
-  for name, r in result["estimators"].items():
-    cells = " | ".join("-" if f is None else f"{f:.2f}" for f in r["agreement_by_distance"])
-    cq = critics.get(r.get("critic"), {})
-    print(f"| {name} | {cells} | {fmt(r['rank_corr'], '.3f')} | {fmt(r['bias'], '+.3f')} | "
-          f"{fmt(r['variance'], '.3f')} | {fmt(cq.get('explained_variance'), '.3f')} | "
-          f"{fmt(cq.get('oracle_explained_variance'), '.3f')} |")
+  print("\nSign agreement on the significant items [95% Wilson interval]; critic bar: EV >= "
+        f"{critic_bar.CRITIC_BAR} x the oracle's, judged on the ratio's 95% session-bootstrap interval")
+  print("\n".join(table_lines(result)))
   if exit_i.any():
     n_stop = int((exit_i & sig).sum())
     print(f"\nEarly exits: {int(exit_i.sum())} stop decisions ({n_stop} significant), "
           f"{int((~exit_i).sum())} others ({int((~exit_i & sig).sum())} significant)")
-    print("\n| estimator | agreement stop | agreement carry on | bias stop | bias carry on | "
-          "mean est. stop | mean A* stop |")
-    print("|---|---:|---:|---:|---:|---:|---:|")
-    for name, r in result["estimators"].items():
-      e = r["early_exit"]
-      print(f"| {name} | {fmt(e['agreement_exit'], '.2f')} | {fmt(e['agreement_carry_on'], '.2f')} | "
-            f"{fmt(e['bias_exit'], '+.3f')} | {fmt(e['bias_carry_on'], '+.3f')} | "
-            f"{fmt(e['mean_estimate_exit'], '+.3f')} | {fmt(e['mean_a_star_exit'], '+.3f')} |")
+    print("\n" + "\n".join(exit_table_lines(result)))
   if "step_groups" in result:
     g = result["step_groups"]
     print(f"\nStep groups (gigpo): {g['grouped']} of {g['turns']} turns share their anchor state with another "

@@ -237,14 +237,16 @@ class Learner:
       critic = self.state.critic if self.critic_gd is not None else None
       return np.asarray(jax.device_get(self._values(self.state.policy, critic, *dev)))
 
-  def critic_readout(self, sessions: Sequence[Session], pb: PackedBatch, values_bt) -> dict:
+  def critic_readout(self, sessions: Sequence[Session], pb: PackedBatch, values_bt, *, boot: int = 0,
+                     seed: int = 0) -> dict:
     """train/critic_readout.py on a batch: the critic (values scored before any fit on it) against
-    Monte-Carlo return-to-go, and on probes that declare their decision, the oracle critic."""
+    Monte-Carlo return-to-go, and on probes that declare their decision, the oracle critic
+    (`boot` > 0: with its session-bootstrap intervals, as critic_readout.readout)."""
     mc = self.mc_targets(pb)
     first = [sessions[i].turns[0].action if i >= 0 and sessions[i].turns else None for i in pb.session_index_b]
     return critic_readout.readout(values_bt, mc, pb.loss_mask_bt, pb.turn_idx_bt, first_actions_b=first,
                                   group_b=pb.group_id_b, decision_fn=self.decision_fn,
-                                  value_fn=self.decision_value)
+                                  value_fn=self.decision_value, boot=boot, seed=seed)
 
   def rl_batch(self, pb: PackedBatch, plan: Optional[RowPlan], prox, ref, adv, target, values) -> RLBatch:
     """The update's per-token fields ([B, T] host arrays) in the layout the step trains on."""
