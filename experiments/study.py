@@ -162,8 +162,8 @@ def shuffled(cell: Cell, label: str) -> Cell:
 # cut to fit the CPU budget).
 HORIZONS = (2, 8, 32)
 # E1's arms: the claim's (lambda 0.95 against lambda 1 and against outcome credit) and Dr. GRPO for the
-# normalisation factor. Cut to fit 8 seeds on 2 CPU cores: gae_length_adaptive, rloo (dr_grpo times
-# G / (G - 1): scale only), return_to_go, turn_gae, bilevel_gae, tree.
+# normalisation factor. Cut to fit 8 seeds on 2 CPU cores: gae_length_adaptive_alpha2, rloo (dr_grpo times
+# G / (G - 1): scale only), return_to_go_gamma0.9, turn_gae, bilevel_gae, tree.
 E1_ARMS = ("ms_grpo", "dr_grpo", "gae_lambda0.95", "gae_lambda1")
 ETAS = (0, 1, 2, 4, 8)  # AReaL's ablation
 # The credit-accuracy lab runs on the bifurcation and memory warm starts (docs/lab.md); not in this round.
