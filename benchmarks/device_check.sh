@@ -124,10 +124,13 @@ finish() {
 hf=$work/smol_hf
 rm -rf "$work/main" "$work/smol" "$hf"
 if [[ "$DRY_RUN" == 1 ]]; then
-  layers=(--layers 2)
+  # One SmolLM2 block and a one-block main job: compiling is nearly all of the CPU dry run, and
+  # the stages run the same code at any depth. The study call keeps the 2-block cut it was sized on.
+  layers=(--layers 1); [[ "$SMOL_STUDY" == 1 ]] && layers=(--layers 2)
   main_cfg=configs/default.py:runlocal=true
   smol_cfg="configs/smol.py:hf_dir=$hf,runlocal=true"
   tiny_run=(--config.rl.steps=2 --config.sft.steps=2 --config.eval.tasks=2 --config.demos.episodes=16)
+  main_tiny=(--config.model.n_layers=1)
   rollout_args=(--tasks 2 --group 2 --rows 2 --reps 1 --dim 32 --layers 1 --max_turns 2 --budget 16
                 --latency_ms 1 --prompt_chars 40)
   mismatch_args=(--tiny)
@@ -137,6 +140,7 @@ else
   main_cfg=configs/default.py
   smol_cfg="configs/smol.py:hf_dir=$hf"
   tiny_run=()
+  main_tiny=()
   rollout_args=(--layers 24 --dim 896 --rows 16 --reps 1 --warmups 1)
   mismatch_args=()
   study_args=(--parallel 8)
@@ -164,7 +168,7 @@ fi
 skip_stage smol_study "SMOL_STUDY=0: the study on SmolLM2 runs in a call of its own (SMOL_STUDY=1)"
 
 run_stage main_job "$CAP_MAIN" "$LEARNER_MIN_S" "$work/main" \
-  python3 -m mtrl_jax.main --config="$main_cfg" --workdir="$work/main" "${tiny_run[@]}"
+  python3 -m mtrl_jax.main --config="$main_cfg" --workdir="$work/main" "${tiny_run[@]}" "${main_tiny[@]}"
 
 if [[ -f "$hf/config.json" ]]; then
   run_stage smol "$CAP_SMOL" "$LEARNER_MIN_S" "$work/smol" \

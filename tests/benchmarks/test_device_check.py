@@ -143,14 +143,16 @@ def test_cpu_dry_run_every_stage(tmp_path):
       ("weights", "main_job", "smol", "rollout"), "ok"), stdout[-3000:]
   w = summary["stages"]["weights"]["result"]
   assert (w["weights"], w["gguf_sha256"], w["n_layers"], w["parts"]) == (
-      "real", hashlib.sha256(open(gguf, "rb").read()).hexdigest(), 2, len(m.parts))
+      "real", hashlib.sha256(open(gguf, "rb").read()).hexdigest(), 1, len(m.parts))  # the dry run's 1-block cut
   for job in ("main_job", "smol"):
     r = summary["stages"][job]["result"]
     assert r["rl_updates"] == 2 and len(r["update_s"]) == 2 and "eval/success" in r["final"], (job, r)
   assert summary["headline"]["weights"] == "real"
   assert summary["stages"]["rollout"]["result"]["sessions_per_s_ratio"] > 0
   smol_cfg = json.load(open(tmp_path / "w" / "smol" / "config.json"))
-  assert smol_cfg["model"]["dtype"] == "bfloat16" and smol_cfg["model"]["n_layers"] == 2
+  assert smol_cfg["model"]["dtype"] == "bfloat16" and smol_cfg["model"]["n_layers"] == 1
+  main_cfg = json.load(open(tmp_path / "w" / "main" / "config.json"))
+  assert main_cfg["model"]["n_layers"] == 1
 
 
 def test_headline_picks_the_numbers_the_issue_asks_for():
