@@ -198,12 +198,17 @@ def control_ok(exp, items: list, label: str) -> bool | None:
   return None if it is None or it["untested"] else it["separates"]
 
 
+def _zero(t) -> bool:
+  """A metric whose paired differences are exactly 0 on every seed (its sd, so its MDE, is 0 by degeneracy)."""
+  return t.mean == 0 and t.sd == 0
+
+
 def identical(it: dict) -> bool:
   """Every metric's paired differences are exactly 0 on every seed: the two arms' evals did not differ at all
   (e.g. two critic targets whose policies never flip a sampled eval outcome). Their sd, and so their MDE, is 0
   by degeneracy, not a design that sees everything: such a test gives no MDE of its own."""
   tests = [t for _, t in it["tests"].values() if t is not None]
-  return bool(tests) and all(t.mean == 0 and t.sd == 0 for t in tests)
+  return bool(tests) and all(_zero(t) for t in tests)
 
 
 def comparison_verdict(exp, it: dict, items: list) -> str:
@@ -212,7 +217,7 @@ def comparison_verdict(exp, it: dict, items: list) -> str:
   if identical(it):
     n = max(t.n for _, t in it["tests"].values() if t is not None)
     return f"no difference (identical on all {n} seeds: every paired difference is 0)"
-  mdes = [t.mde for _, t in it["tests"].values() if t is not None]
+  mdes = [t.mde for _, t in it["tests"].values() if t is not None and not _zero(t)]
   verdict = stats.paired_verdict([tuple(it["judged"].values())], mdes, control_ok(exp, items, it["a"]))
   return verdict + (f" (critic uncertain: {it['critic_note']})" if it.get("critic_note") else "")
 
@@ -226,7 +231,7 @@ def experiment_verdict(exp, items: list) -> str:
   control = False if False in oks else (True if True in oks else None)
   if all(identical(i) for i in tested):
     return "no difference (identical on every seed of every tested claim)"
-  mdes = [t.mde for i in tested if not identical(i) for _, t in i["tests"].values() if t is not None]
+  mdes = [t.mde for i in tested for _, t in i["tests"].values() if t is not None and not _zero(t)]
   return stats.paired_verdict([tuple(i["judged"].values()) for i in tested], mdes, control)
 
 

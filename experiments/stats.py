@@ -249,7 +249,10 @@ def paired_verdict(judgements: Sequence[Sequence[str]], mdes: Sequence[float], c
   if control is False:
     return "underpowered (control did not separate)"
   finite = [m for m in mdes if m is not None and np.isfinite(m)]
-  return f"inconclusive (MDE {max(finite):.3f})" if finite else "inconclusive (MDE unknown)"
+  if not finite:
+    return "inconclusive (MDE unknown)"
+  top = max(finite)  # two arms that nearly coincide can have an MDE far below 0.001: say it, not "0.000"
+  return f"inconclusive (MDE {top:.3f})" if top >= 5e-4 else f"inconclusive (MDE {top:.1e})"
 
 
 # ------------------------------------------------------------------ critic readout

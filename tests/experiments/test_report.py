@@ -237,8 +237,10 @@ def test_ceilings_command_writes_a_record_per_probe_and_prints_them(tmp_path, mo
 def test_identical_arms_read_no_difference_not_an_mde_of_zero(tmp_path, seeds4):
   """Two arms whose evals are equal on every seed (E4's decoupled corner a copy of the shared 0.95 at every
   horizon, as critic targets that never flip a sampled eval outcome give) read "no difference (identical
-  ...)", and their zero sd does not become the experiment's MDE. Break checked: without the identical case
-  E4 reads "inconclusive (MDE 0.000)", a design that would seem to see every difference."""
+  ...)", and their zero sd does not become the experiment's MDE; where only one metric is all 0, the MDE is the
+  other metric's. Breaks checked: without the identical case E4 reads "inconclusive (MDE 0.000)", a design
+  that would seem to see every difference; the MDE printed with 3 decimals (the one-seed AUC case reads
+  "MDE 0.000")."""
   rec = tmp_path / "rec"
   write_fixture(str(rec))
   for h in study.HORIZONS:
@@ -251,3 +253,9 @@ def test_identical_arms_read_no_difference_not_an_mde_of_zero(tmp_path, seeds4):
       "no difference (identical on all 4 seeds: every paired difference is 0)")
   assert res["experiments"]["E4"]["verdict"] == "no difference (identical on every seed of every tested claim)"
   assert res["experiments"]["E1"]["verdict"].startswith("not reproduced")  # E1 untouched
+  # one seed's AUC 0.001 apart at h2: final success (all 0) gives no MDE, only the AUC's does
+  src = records.load(str(rec))["runs"][(E4.cell("policy 0.95 critic 1.0 h2").name, 1)]
+  records.write(str(rec), {**src, "auc": src["auc"] + 0.001})
+  res, _ = run_report(tmp_path, rec)
+  got = res["experiments"]["E4"]["comparisons"]["policy 0.95 critic 1.0 h2 > policy 0.95 critic 0.95 h2"]
+  assert got.startswith("inconclusive (MDE ") and got != "inconclusive (MDE 0.000)", got

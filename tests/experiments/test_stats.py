@@ -231,3 +231,11 @@ def test_ev_intervals_by_construction():
   assert worse["ratio"][2] < 1.0 and worse["ev"][0] < ev
   with pytest.raises(ValueError, match="differ in count"):
     stats.ev_intervals(y, s[:5], s)
+
+
+def test_a_tiny_mde_is_printed_not_rounded_to_zero():
+  """Two arms that nearly coincide (delayed h2: equal final success on every seed, AUC apart on one seed)
+  have an MDE of ~4e-4; the verdict must not read "MDE 0.000", a design that seems to see everything.
+  Break checked: the old '.3f' format gives 'inconclusive (MDE 0.000)'."""
+  assert stats.paired_verdict([("n.s.", "n.s.")], [4.1e-4], True) == "inconclusive (MDE 4.1e-04)"
+  assert stats.paired_verdict([("n.s.", "n.s.")], [0.0123, 4.1e-4], True) == "inconclusive (MDE 0.012)"
