@@ -302,7 +302,10 @@ def _e6() -> Experiment:
       cells, comps, controls=tuple((_h("ms_grpo", h), _h("ms_grpo shuffled", h)) for h in E6_HORIZONS),
       factors=factors,
       note=f"`revisit` at horizons {', '.join(map(str, E6_HORIZONS))} (a corridor of H // 2 + 1 cells; the "
-           "anchor state is the cell, with no turn in it); ms_grpo stands for GRPO (the session layout)")
+           "anchor state is the cell, with no turn in it); ms_grpo stands for GRPO (the session layout); "
+           "h16 was not run past one seed of one cell: its warm start succeeds 0.08 and that run (dr_grpo, "
+           "seed 0) lost the reply format (invalid replies up to 100% of turns, success 0.00), so the byte model "
+           "cannot test E6 there with this recipe")
 
 
 
