@@ -540,6 +540,16 @@ def old_verdicts() -> str:
           "its claim:\n\n" + _table(["experiment", "2026-11-27 verdict", "now"], [list(r) for r in OLD_VERDICTS]))
 
 
+def cost(got: dict) -> str:
+  """The study's CPU cost from the records' wall times (process wall seconds; runs overlapped on the cores)."""
+  hours = {k: sum((r.get("wall_s") or 0) for r in got[k].values()) / 3600 for k in ("runs", "critics", "warm")}
+  timed = {k: sum(1 for r in got[k].values() if r.get("wall_s")) for k in ("runs", "critics", "warm")}
+  return (f"Cost (the records' wall times): {timed['runs']} runs {hours['runs']:.2f} h, {timed['critics']} critic warm "
+          f"starts {hours['critics']:.2f} h, {timed['warm']} timed policy warm starts {hours['warm']:.2f} h: "
+          f"{sum(hours.values()):.2f} process-hours, several processes at a time on the 2-core CPU (so wall times "
+          "include waiting for a core).")
+
+
 def header(n_runs: int, n_missing: int, date: str, records_dir: str) -> str:
   return f"""# The credit-assignment study
 
@@ -616,6 +626,7 @@ def report(records_dir: str, out: str, figdir: str, date: str | None = None, fig
   text = "\n\n".join([header(n_done, len(planned) - n_done, date, shown if not shown.startswith("..") else records_dir),
                       "<!-- headline -->\n" + "\n".join(headline) + "\n<!-- /headline -->",
                       f"Holm family: {tests['family']} tests (claims and factor contrasts x final success and AUC).",
+                      cost(got),
                       "## Probe tasks: the warm start and the ceiling\n\n" + probe_table(got["warm"], got["ceilings"]),
                       "## The critics before RL\n\n" + critic_warm_table(got["critics"]),
                       "## Credit-accuracy lab\n\n" + lab_section(records_dir, figdir, rel), *sections,
