@@ -199,7 +199,7 @@ def _e1() -> Experiment:
       factors=factors,
       note=f"`delayed` at horizons {', '.join(map(str, HORIZONS))} (one letter an action: about 2H action "
            "tokens a session); lambda 0.95 puts 0.95^(2H) of the payoff's credit on turn 0 before the critic "
-           "(0.90 at H=2, 0.44 at H=8, 0.04 at H=32); ms_grpo is GRPO (the session layout); Dr. GRPO for the "
+           "(0.81 at H=2, 0.44 at H=8, 0.04 at H=32); ms_grpo is GRPO (the session layout); Dr. GRPO for the "
            "normalisation factor")
 
 
