@@ -182,6 +182,11 @@ def _control(h: int) -> tuple[Cell, Cell]:
   return real, shuffled(real, _h("ms_grpo shuffled", h))
 
 
+def _controls(horizons) -> tuple[tuple[str, str], ...]:
+  """The (real, shuffled) control pair at each horizon, by the labels _control gives them."""
+  return tuple((_h("ms_grpo", h), _h("ms_grpo shuffled", h)) for h in horizons)
+
+
 def _e1() -> Experiment:
   cells = tuple(Cell(_h(arm, h), {"horizon": h, "arm": arm}) for h in HORIZONS for arm in E1_ARMS)
   cells += tuple(_control(h)[1] for h in HORIZONS)
@@ -195,7 +200,7 @@ def _e1() -> Experiment:
       "Token-level GAE with lambda 0.95 and a learned critic under-credits actions far from the reward; "
       "lambda 1 and outcome-based MS-GRPO do not.",
       "VC-PPO (arXiv 2503.01491), VAPO (arXiv 2504.05118), MS-GRPO (arXiv 2508.10839)",
-      cells, comps, controls=tuple((_h("ms_grpo", h), _h("ms_grpo shuffled", h)) for h in HORIZONS),
+      cells, comps, controls=_controls(HORIZONS),
       factors=factors,
       note=f"`delayed` at horizons {', '.join(map(str, HORIZONS))} (one letter an action: about 2H action "
            "tokens a session); lambda 0.95 puts 0.95^(2H) of the payoff's credit on turn 0 before the critic "
@@ -233,7 +238,7 @@ def _e3() -> Experiment:
       "improves PPO's final result.",
       "VC-PPO (arXiv 2503.01491) section 3.2; VAPO (arXiv 2504.05118)",
       cells, tuple((_h("gae_lambda0.95 vp=on", h), _h("gae_lambda0.95 vp=off", h)) for h in HORIZONS),
-      controls=tuple((_h("ms_grpo", h), _h("ms_grpo shuffled", h)) for h in HORIZONS),
+      controls=_controls(HORIZONS),
       note="`delayed` at each horizon; vp=on starts RL from the probe's pretrained critic (Monte-Carlo "
            "targets of the warm start's sessions), vp=off from a critic whose value head is 0; the positive "
            "control is E1's (ms_grpo against its advantages shuffled, the same runs)")
@@ -251,7 +256,7 @@ def _e4() -> Experiment:
       "Decoupled lambda (critic 1.0, policy 0.95) beats a shared lambda of 0.95.",
       "VC-PPO (arXiv 2503.01491) section 3.3",
       cells, tuple((_h("policy 0.95 critic 1.0", h), _h("policy 0.95 critic 0.95", h)) for h in HORIZONS),
-      controls=tuple((_h("ms_grpo", h), _h("ms_grpo shuffled", h)) for h in HORIZONS),
+      controls=_controls(HORIZONS),
       note="`delayed` at each horizon; the shared 1.0 corner is E1's gae_lambda1 (shown, not compared); the "
            "(1.0, 0.95) corner is cut; the positive control is E1's", figure="bars")
 
@@ -299,7 +304,7 @@ def _e6() -> Experiment:
       "better than outcome-only credit, and how much of any difference is normalisation?",
       "GiGPO beats GRPO (ALFWorld, WebShop); HGPO beats GiGPO.",
       "GiGPO (arXiv 2505.10978), HGPO (arXiv 2602.22817)",
-      cells, comps, controls=tuple((_h("ms_grpo", h), _h("ms_grpo shuffled", h)) for h in E6_HORIZONS),
+      cells, comps, controls=_controls(E6_HORIZONS),
       factors=factors,
       note=f"`revisit` at horizons {', '.join(map(str, E6_HORIZONS))} (a corridor of H // 2 + 1 cells; the "
            "anchor state is the cell, with no turn in it); ms_grpo stands for GRPO (the session layout); "
