@@ -4,7 +4,7 @@ A critic row (lab/variants.py's critic 'mc' or 'coupled') measures the
 estimator with that critic. When the critic explains much less of the
 returns than the oracle critic does (train/critic_readout.py), a poor sign
 agreement is the critic's failure, not the estimator's, so the row is not a
-fair test. The bar is the study's (experiments/report.py CRITIC_BAR): the
+fair test. The bar is train/critic_bar.py's (one rule for every user): the
 critic's explained variance >= 0.8 x the oracle's, judged as report.py's
 cell_critic judges it, on the ratio's 95% session-bootstrap interval
 (critic_readout.ev_intervals): "yes" when its lower end is >= the bar, "no"
@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import math
 
-CRITIC_BAR = 0.8  # experiments/report.py's; tests/lab/test_critic_bar.py checks they are equal
+from mtrl_jax.train.critic_bar import CRITIC_BAR, bar_of
 
 BELOW = "critic below the bar: not tested"
 
@@ -49,11 +49,8 @@ def judge(quality: dict) -> dict:
     out["tested"] = False
     return out
   out["ratio"] = ev / oracle
-  if out["ratio_lo"] is not None and out["ratio_hi"] is not None:
-    out["interval"] = True
-    out["bar"] = "yes" if lo >= CRITIC_BAR else "no" if hi < CRITIC_BAR else "uncertain"
-  else:
-    out["bar"] = "yes" if out["ratio"] >= CRITIC_BAR else "no"
+  out["interval"] = out["ratio_lo"] is not None and out["ratio_hi"] is not None
+  out["bar"] = bar_of(out["ratio"], out["ratio_lo"], out["ratio_hi"])
   out["tested"] = out["bar"] != "no"
   if out["bar"] == "no":
     out["verdict"] = BELOW
