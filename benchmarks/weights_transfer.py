@@ -147,7 +147,10 @@ def read_manifest(src: str) -> Manifest:
   found = sorted(glob.glob(os.path.join(src, PART_DIR.format("*"), MANIFEST)))
   if not found:
     raise TransferError(f"no {PART_DIR.format('<i>')}/{MANIFEST} under {src!r}: no part of the GGUF arrived")
-  ms = [Manifest.from_json(json.load(open(f))) for f in found]
+  ms = []
+  for f in found:
+    with open(f) as fh:  # closed now, not when collected (13 parts: 13 open files per read)
+      ms.append(Manifest.from_json(json.load(fh)))
   if any(m.sha256 != ms[0].sha256 for m in ms):
     raise TransferError(f"the manifests under {src!r} describe different files ({found}): parts of two splits mixed")
   return ms[0]

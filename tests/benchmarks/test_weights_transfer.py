@@ -60,7 +60,7 @@ def test_split_then_join_gives_the_same_bytes(tmp_path):
   assert [p.size for p in m.parts] == [4000, 4000, 2017]
   assert sorted(os.listdir(out)) == ["gguf_part0", "gguf_part1", "gguf_part2"]
   for p in m.parts:  # every part folder carries the same manifest, so any one call's folder names them all
-    assert json.load(open(out / os.path.dirname(p.file) / "manifest.json")) == m.to_json()
+    assert json.loads((out / os.path.dirname(p.file) / "manifest.json").read_text()) == m.to_json()
   joined = tmp_path / "joined.gguf"
   got = wt.join_parts(str(out), str(joined))
   assert joined.read_bytes() == data
@@ -232,5 +232,6 @@ def test_materialize_falls_back_to_random_weights_of_the_real_shape(tmp_path):
   assert not np.allclose(rand["model.embed_tokens.weight"], real["model.embed_tokens.weight"])
   for name in ("tokenizer.json", "tokenizer_config.json", "generation_config.json", "chat_template.jinja"):
     assert (tmp_path / "rand" / name).read_bytes() == (tmp_path / "real" / name).read_bytes(), name
-  assert json.load(open(tmp_path / "rand" / "config.json")) == json.load(open(tmp_path / "real" / "config.json"))
+  assert json.loads((tmp_path / "rand" / "config.json").read_text()) == json.loads(
+      (tmp_path / "real" / "config.json").read_text())
   assert rec["params"] == sum(v.size for v in real.values())
