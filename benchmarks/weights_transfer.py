@@ -16,10 +16,13 @@ corrupt. docs/accelerator.md gives the exact sequence of calls.
 `split` also writes the file's header alone (metadata, tokenizer and chat
 template, no tensors: 1.7 MiB) to `.device/gguf_header/`. `materialize`
 makes the Hugging Face folder that configs/smol.py reads: from the joined
-file when every part checks out (weights "real"), else with random weights
-of the header's shape and the real tokenizer and template (weights
-"random": good for speed, not for learning curves). Its last line is a JSON
-object that says which, and why.
+file when every part checks out (weights "real"), else, when a part is
+missing, short or corrupt, with random weights of the header's shape and the
+real tokenizer and template (weights "random": good for speed, not for
+learning curves). Its last line is a JSON object that says which, and why.
+Parts that all check out but do not join into the file (`JoinError`: the
+manifest or the join is wrong) fail the command instead, naming the join
+order and the expected and actual size and sum.
 
 Reading a GGUF needs the `gguf` package (`pip install -e ".[hf]"`); if it is
 missing, a gguf wheel under `.device/wheels` (benchmarks/device_wheels.sh) is
@@ -76,6 +79,11 @@ class Manifest(NamedTuple):
 
 class TransferError(RuntimeError):
   """A part is missing, has the wrong size, or its bytes do not hash to the manifest's sum."""
+
+
+class JoinError(TransferError):
+  """Every part arrived intact, yet joined they are not the file: the manifest's part list or the
+  join is wrong. A bug, not a lost call: `materialize` fails on it instead of using random weights."""
 
 
 def sha256_file(path: str, offset: int = 0, size: int | None = None) -> str:
@@ -139,7 +147,10 @@ def read_manifest(src: str) -> Manifest:
   found = sorted(glob.glob(os.path.join(src, PART_DIR.format("*"), MANIFEST)))
   if not found:
     raise TransferError(f"no {PART_DIR.format('<i>')}/{MANIFEST} under {src!r}: no part of the GGUF arrived")
-  ms = [Manifest.from_json(json.load(open(f))) for f in found]
+  ms = []
+  for f in found:
+    with open(f) as fh:  # closed now, not when collected (13 parts: 13 open files per read)
+      ms.append(Manifest.from_json(json.load(fh)))
   if any(m.sha256 != ms[0].sha256 for m in ms):
     raise TransferError(f"the manifests under {src!r} describe different files ({found}): parts of two splits mixed")
   return ms[0]
@@ -160,22 +171,52 @@ def check_parts(src: str, m: Manifest) -> None:
     raise TransferError(f"{m.name}: " + "; ".join(bad))
 
 
+def join_order(m: Manifest) -> list[Part]:
+  """The parts in index order (0, 1, ..., 10, 11: numbers, never names, where gguf_part10 sorts
+  before gguf_part2), checked to tile the file: part i starts where part i - 1 ends, and the last
+  ends at the file's size. Raises JoinError naming the first part that does not."""
+  order = sorted(m.parts, key=lambda p: p.index)
+  if [p.index for p in order] != list(range(len(order))):
+    raise JoinError(f"{m.name}: the manifest's part indices are {[p.index for p in order]}, "
+                    f"not 0..{len(order) - 1}")
+  end = 0
+  for p in order:
+    if p.offset != end:
+      raise JoinError(f"{m.name}: part {p.index} ({p.file}) starts at byte {p.offset}, but the parts "
+                      f"before it end at byte {end}: the manifest's offsets do not follow its indices")
+    end += p.size
+  if end != m.size:
+    raise JoinError(f"{m.name}: the parts end at byte {end}, the file has {m.size} bytes")
+  return order
+
+
+def _describe(order: list[Part], limit: int = 16) -> str:
+  """'0 (gguf_part0/x.part0, bytes 0-99), 1 (...), ...': the join order, as the error shows it."""
+  shown = [f"{p.index} ({p.file}, bytes {p.offset}-{p.offset + p.size - 1})" for p in order[:limit]]
+  return ", ".join(shown) + (f", ... ({len(order) - limit} more)" if len(order) > limit else "")
+
+
 def join_parts(src: str, out_path: str) -> Manifest:
-  """Checks every part, writes them back into one file, and checks the whole file's sum."""
+  """Checks every part, writes them back into one file in index order, and checks the whole file's sum."""
   m = read_manifest(src)
   check_parts(src, m)
+  order = join_order(m)
   os.makedirs(os.path.dirname(os.path.abspath(out_path)), exist_ok=True)
   tmp = out_path + ".joining"
+  written = []  # the order the bytes really went in, for the error below
   with open(tmp, "wb") as dst:
-    for p in sorted(m.parts, key=lambda p: p.offset):
+    for p in order:
       with open(os.path.join(src, p.file), "rb") as f:
         while buf := f.read(_CHUNK):
           dst.write(buf)
-  got = sha256_file(tmp)
-  if got != m.sha256 or os.path.getsize(tmp) != m.size:
+      written.append(p)
+  got, got_size = sha256_file(tmp), os.path.getsize(tmp)
+  if got != m.sha256 or got_size != m.size:
     os.remove(tmp)
-    raise TransferError(f"{m.name}: the joined file hashes to {got[:16]}..., the manifest says {m.sha256[:16]}... "
-                        f"(every part checked out: the manifest's part list does not cover the file)")
+    raise JoinError(f"{m.name}: every part's own sum matched, but joined in the order {_describe(written)} "
+                    f"they make {got_size} bytes with sha256 {got}, and the manifest expects {m.size} bytes "
+                    f"with sha256 {m.sha256}: the manifest's whole-file sum or its part list is wrong "
+                    f"(a bug in split or join, not a lost part)")
   os.replace(tmp, out_path)
   return m
 
@@ -259,7 +300,9 @@ def call_plan(out_dir: str, m: Manifest) -> list[dict]:
 
 # ---------------------------------------------------------------- the HF folder on the device
 def materialize(src: str, out_dir: str, layers: int | None, work: str) -> dict:
-  """The HF folder configs/smol.py reads: real weights if every part checks out, else random ones."""
+  """The HF folder configs/smol.py reads: real weights if every part checks out, else random ones
+  (a part missing, short or corrupt). Parts that check out but do not join into the file raise
+  JoinError: random weights would hide that bug."""
   from mtrl_jax.models import gguf_convert
   import_gguf(os.path.join(src, "wheels"))
   t0 = time.perf_counter()
@@ -272,6 +315,8 @@ def materialize(src: str, out_dir: str, layers: int | None, work: str) -> dict:
     rec.update(weights="real", gguf=m.name, gguf_sha256=m.sha256, gguf_bytes=m.size, parts=len(m.parts),
                verified=True)
     os.remove(path)
+  except JoinError:
+    raise  # every part is here and intact: random weights would hide a bug (the error says which)
   except TransferError as e:
     heads = sorted(glob.glob(os.path.join(src, HEADER_DIR, "*.header.gguf")))
     if not heads:

@@ -90,10 +90,55 @@ def test_auto_on_gpu_trains_bf16_with_fp32_weights_and_adam_state(monkeypatch):
   cfg = ModelConfig(vocab_size=32, dim=16, n_layers=1, n_heads=2, n_kv_heads=1, head_dim=8, mlp_dim=24,
                     dtype="auto", param_dtype="auto", attention="xla")
   assert (cfg.dtype, cfg.param_dtype) == ("bfloat16", "float32")
-  model = Transformer(cfg, rngs=nnx.Rngs(0))
+  _check_bf16_compute_fp32_state(Transformer(cfg, rngs=nnx.Rngs(0)), vocab=32)
+
+
+# The shape of a test model; every other field (dtype "auto", param_dtype "float32", attention,
+# scan_layers, remat, logits_chunk, lora) is the config's own.
+TINY = dict(vocab_size=64, dim=32, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=8, mlp_dim=48)
+
+
+def _smol_policy(c, tmp_path):
+  """configs/smol.py's path (train/run.py): the HF folder's shape, `load_policy(dtype=model.dtype,
+  **the runtime fields of config.model)`; here a tiny fp32 folder exported for the test."""
+  from mtrl_jax.models.hf import export_policy, load_policy
+  export_policy(Transformer(ModelConfig(**TINY), rngs=nnx.Rngs(1)), str(tmp_path))
+  return load_policy(str(tmp_path), dtype=c.model.dtype, **{k: c.model[k] for k in RUNTIME_FIELDS})
+
+
+def _scale_policy(c, tmp_path):
+  """configs/scale.py's path (no HF folder): ModelConfig.from_dict(config.model), shape shrunk."""
+  return Transformer(ModelConfig.from_dict({**dict(c.model), **TINY}), rngs=nnx.Rngs(1))
+
+
+@pytest.mark.parametrize("name,build", [("smol", _smol_policy), ("scale", _scale_policy)])
+def test_real_model_configs_on_a_stood_in_gpu_compute_bf16_and_keep_fp32_state(name, build, monkeypatch,
+                                                                                tmp_path):
+  """The smol and scale configs' own case: dtype "auto" with param_dtype "float32" given, built by
+  the config's own path while `jax.default_backend()` (what the precision switch reads) says "gpu":
+  bf16 hidden states, fp32 parameters and Adam moments, every parameter fp32 after a step.
+  The backend is stood in only while the model is built, so the forward runs on this CPU's kernels.
+  Breaks checked: "auto" resolved only when both fields say "auto" (scale fails: its
+  ModelConfig.dtype='auto' is refused; smol's HF path passes "auto" for both); the platform read
+  from `jax.devices("cpu")` instead of the default backend (both fail: fp32 compute; the test above,
+  which stands in `_platform` itself, passes); `load_policy` storing the weights in the compute dtype
+  (`_place(arr, var, cfg.compute_dtype)` in models/hf.py: smol fails on bf16 parameters)."""
+  c = _get_config(name)
+  assert (c.model.dtype, c.model.param_dtype) == ("auto", "float32")
+  with monkeypatch.context() as m:
+    m.setattr(jax, "default_backend", lambda: "gpu")
+    model = build(c, tmp_path)
+  assert (model.cfg.dtype, model.cfg.param_dtype) == ("bfloat16", "float32")
+  assert model.cfg.scan_layers == c.model.scan_layers and model.cfg.remat == c.model.remat
+  _check_bf16_compute_fp32_state(model, vocab=TINY["vocab_size"])
+
+
+def _check_bf16_compute_fp32_state(model, vocab: int) -> None:
+  """Hidden states bf16; parameters, Adam state and the stepped parameters fp32; the step moves them.
+  Jitted (two programs): op-by-op, the forward, backward and Adam update cost ~4x the CPU time."""
   graphdef, params = nnx.split(model, nnx.Param)
-  tokens = jnp.asarray(np.arange(10).reshape(1, 10) % 32)
-  h, _ = model.hidden(tokens)
+  tokens = jnp.asarray(np.arange(10).reshape(1, 10) % vocab)
+  h = jax.jit(lambda p: nnx.merge(graphdef, p).hidden(tokens)[0])(params)
   assert h.dtype == jnp.bfloat16
 
   def loss(p):
@@ -101,10 +146,14 @@ def test_auto_on_gpu_trains_bf16_with_fp32_weights_and_adam_state(monkeypatch):
     return jnp.mean(jax.nn.logsumexp(logits.astype(jnp.float32), -1))
 
   tx = optim.adamw(1e-2, total_steps=10)
-  state = tx.init(params)
-  grads = jax.grad(loss)(params)
-  updates, state = tx.update(grads, state, params)
-  new = optax.apply_updates(params, updates)
+
+  @jax.jit
+  def step(p):
+    state = tx.init(p)
+    updates, state = tx.update(jax.grad(loss)(p), state, p)
+    return state, optax.apply_updates(p, updates)
+
+  state, new = step(params)
   leaves = lambda tree: [x for x in jax.tree.leaves(tree) if hasattr(x, "dtype") and x.ndim > 0]
   assert all(x.dtype == jnp.float32 for x in leaves(params))
   assert all(x.dtype == jnp.float32 for x in leaves(state))  # Adam mu and nu

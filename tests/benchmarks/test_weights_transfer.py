@@ -9,6 +9,10 @@ Breaks checked (each made by hand, the test seen failing, then undone):
 - `join_parts` writing the parts in reverse order:
   `test_split_then_join_gives_the_same_bytes` fails (whole-file sum).
 - `call_plan` putting the wheels in the first call: `test_call_plan_...` fails.
+- the parts joined by file name (`sorted(m.parts, key=lambda p: p.file)`, in `join_order` or in
+  `join_parts`' loop: gguf_part10 before gguf_part2): `test_thirteen_parts_join_in_index_order` fails.
+- `materialize` falling back to random weights on a `JoinError` (the `except JoinError: raise`
+  removed): `test_a_whole_file_mismatch_says_why_and_random_weights_do_not_hide_it` fails.
 """
 from __future__ import annotations
 
@@ -56,7 +60,7 @@ def test_split_then_join_gives_the_same_bytes(tmp_path):
   assert [p.size for p in m.parts] == [4000, 4000, 2017]
   assert sorted(os.listdir(out)) == ["gguf_part0", "gguf_part1", "gguf_part2"]
   for p in m.parts:  # every part folder carries the same manifest, so any one call's folder names them all
-    assert json.load(open(out / os.path.dirname(p.file) / "manifest.json")) == m.to_json()
+    assert json.loads((out / os.path.dirname(p.file) / "manifest.json").read_text()) == m.to_json()
   joined = tmp_path / "joined.gguf"
   got = wt.join_parts(str(out), str(joined))
   assert joined.read_bytes() == data
@@ -104,6 +108,63 @@ def test_a_second_split_removes_stale_part_folders(tmp_path):
   m = wt.split_file(str(tmp_path / "model.gguf"), str(out), 6_000)  # now 2
   assert sorted(os.listdir(out)) == ["gguf_part0", "gguf_part1"]
   assert wt.join_parts(str(out), str(tmp_path / "j.gguf")).sha256 == m.sha256
+
+
+def _rewrite_manifests(out, m):
+  for p in m.parts:
+    wt._write_manifest(str(out / os.path.dirname(p.file)), m)
+
+
+def test_thirteen_parts_join_in_index_order(tmp_path):
+  """13 parts: by name, gguf_part10..12 sort between gguf_part1 and gguf_part2; the join goes by
+  index and gives the file back byte for byte."""
+  data, out, m = _synthetic(tmp_path, n=12 * 700 + 5, part=700)
+  assert len(m.parts) == 13
+  names = sorted(os.listdir(out))
+  assert names.index("gguf_part10") < names.index("gguf_part2")  # the trap a join by name falls into
+  joined = tmp_path / "joined.gguf"
+  wt.join_parts(str(out), str(joined))
+  assert joined.read_bytes() == data
+  assert [p.index for p in wt.join_order(m)] == list(range(13))
+
+
+def test_a_whole_file_mismatch_says_why_and_random_weights_do_not_hide_it(tmp_path):
+  """Every part intact but the manifest's whole-file sum wrong: the join fails naming the order it
+  joined in, the expected and the actual size and sum, and says it is no lost part; `materialize`
+  fails with it too (a header is there, so a fallback to random weights would have been possible)."""
+  data, out, m = _synthetic(tmp_path, n=11 * 300 + 1, part=300)
+  assert len(m.parts) == 12
+  bad = m._replace(sha256="0" * 64)
+  _rewrite_manifests(out, bad)
+  real = wt.hashlib.sha256(data).hexdigest()
+  with pytest.raises(wt.JoinError) as e:
+    wt.join_parts(str(out), str(tmp_path / "j.gguf"))
+  msg = str(e.value)
+  assert "joined in the order 0 (gguf_part0/model.gguf.part0, bytes 0-299), 1 (" in msg
+  assert "10 (gguf_part10/model.gguf.part10, bytes 3000-3299), 11 (gguf_part11/model.gguf.part11, bytes 3300-3300)" in msg
+  assert f"make {len(data)} bytes with sha256 {real}" in msg
+  assert f"expects {len(data)} bytes with sha256 {'0' * 64}" in msg and "not a lost part" in msg
+  assert not (tmp_path / "j.gguf").exists() and not (tmp_path / "j.gguf.joining").exists()
+  try:
+    wt.import_gguf()
+  except ImportError as err:
+    pytest.skip(str(err))
+  (out / wt.HEADER_DIR).mkdir()
+  (out / wt.HEADER_DIR / "model.header.gguf").write_bytes(b"GGUF")
+  with pytest.raises(wt.JoinError, match="not a lost part"):
+    wt.materialize(str(out), str(tmp_path / "hf"), 1, str(tmp_path))
+
+
+def test_offsets_that_do_not_follow_the_indices_are_named(tmp_path):
+  """A manifest whose parts 2 and 3 swapped offsets (each part's own sum still matches): the join
+  refuses before writing, naming part 2 and where it should start."""
+  _, out, m = _synthetic(tmp_path, n=5 * 400, part=400)
+  parts = list(m.parts)
+  parts[2], parts[3] = parts[2]._replace(offset=parts[3].offset), parts[3]._replace(offset=parts[2].offset)
+  _rewrite_manifests(out, m._replace(parts=parts))
+  with pytest.raises(wt.JoinError, match=r"part 2 \(gguf_part2/model\.gguf\.part2\) starts at byte 1200, "
+                                         r"but the parts before it end at byte 800"):
+    wt.join_parts(str(out), str(tmp_path / "j.gguf"))
 
 
 def test_call_plan_sends_each_part_once_and_the_wheels_with_the_last(tmp_path, monkeypatch):
@@ -171,5 +232,6 @@ def test_materialize_falls_back_to_random_weights_of_the_real_shape(tmp_path):
   assert not np.allclose(rand["model.embed_tokens.weight"], real["model.embed_tokens.weight"])
   for name in ("tokenizer.json", "tokenizer_config.json", "generation_config.json", "chat_template.jinja"):
     assert (tmp_path / "rand" / name).read_bytes() == (tmp_path / "real" / name).read_bytes(), name
-  assert json.load(open(tmp_path / "rand" / "config.json")) == json.load(open(tmp_path / "real" / "config.json"))
+  assert json.loads((tmp_path / "rand" / "config.json").read_text()) == json.loads(
+      (tmp_path / "real" / "config.json").read_text())
   assert rec["params"] == sum(v.size for v in real.values())

@@ -73,6 +73,20 @@ def test_noise_is_per_session_unless_crn():
   assert len({tuple(_play(env, 5, None, _mixed(1.0), random.Random(0))[0]) for _ in range(4)}) == 4
 
 
+def test_the_payoff_is_the_sessions_draw_unless_crn():
+  """Noise 0, so the last reward is the payoff alone: 16 sessions of one task playing the free arm
+  (p_bad 0.5) are paid or not each on its own draw (both outcomes occur), the same session id is
+  paid the same way again, and with crn=True all 16 are paid alike.
+  Break checked: the payoff drawn from the task's rng (`self.rng`, as the strings are): all 16
+  sessions paid alike (the noise test above still passes then: its 15 noise signs differ)."""
+  def payoffs(crn):
+    env = envs.make("delayed", horizon=3, noise=0.0, p_bad=0.5, crn=crn)
+    return [_play(env, 5, s, _mixed(0.0), random.Random(0))[0][-1] for s in range(16)]
+  paid = payoffs(False)
+  assert set(paid) == {0.0, 1.0} and paid == payoffs(False)
+  assert len(set(payoffs(True))) == 1
+
+
 def test_long_sessions_reach_ten_thousand_action_tokens():
   """horizon 128 at 100 letters an action: 1 + 127 * 100 characters copied (one byte-model
   token each, stop tokens aside), every copy valid for the expert and invalid when one letter

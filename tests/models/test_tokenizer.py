@@ -60,3 +60,28 @@ def test_hf_tokenizer_errors_name_the_problem(tokenizer_dir, tmp_path):
     HFTokenizer(str(tokenizer_dir), eos_token="<|not_there|>")
   with pytest.raises(FileNotFoundError, match="tokenizer.json"):
     HFTokenizer(str(tmp_path))
+
+
+# Gemma's layout, shortened: the tokenizer's eos is <eos>, the template closes every turn with <end_of_turn>.
+END_OF_TURN_TEMPLATE = (
+    "{% for message in messages %}{{ '<start_of_turn>' + message['role'] + '\\n' + message['content'] + "
+    "'<end_of_turn>\\n' }}{% endfor %}{% if add_generation_prompt %}{{ '<start_of_turn>model\\n' }}{% endif %}")
+
+
+def test_the_templates_end_of_turn_is_a_stop_id(tokenizer_dir, tmp_path):
+  """A folder whose eos (<eos>) is not what its template writes after a reply (<end_of_turn>): the
+  end-of-turn id is found, and both the sampler's stop ids and the chat format's include it, so a
+  rollout stops where the template closes a turn (and a reply stopped on it renders as sampled).
+  Breaks checked: the end-of-turn id not added to the stop ids (models/tokenizer.py), or added
+  without updating the chat format's copy (`self.chat.stop_ids`): each fails."""
+  import tokenizers
+  tok = tokenizers.Tokenizer.from_file(str(tokenizer_dir / "tokenizer.json"))
+  tok.add_special_tokens([tokenizers.AddedToken(t, special=True, normalized=False)
+                          for t in ("<eos>", "<start_of_turn>", "<end_of_turn>")])
+  tok.save(str(tmp_path / "tokenizer.json"))
+  (tmp_path / "tokenizer_config.json").write_text(json.dumps(
+      {"eos_token": "<eos>", "chat_template": END_OF_TURN_TEMPLATE}))
+  hf = HFTokenizer(str(tmp_path))
+  eos, eot = tok.token_to_id("<eos>"), tok.token_to_id("<end_of_turn>")
+  assert (hf.eos_id, hf.end_of_turn_id) == (eos, eot)
+  assert hf.stop_ids == (eos, eot) and hf.chat.stop_ids == {eos, eot}

@@ -8,6 +8,7 @@ import numpy as np
 from hypothesis import strategies as st
 
 from mtrl_jax.envs.base import Env, Reset, Step
+from mtrl_jax.envs.delayed import Delayed
 from mtrl_jax.models.tokenizer import ByteTokenizer
 from mtrl_jax.rollout.session import Session, make_turn
 
@@ -80,6 +81,44 @@ class CountEnv(Env):
 
 
 
+class ResetLog:
+  """What every env reset of a run received: (seed, session) pairs, appended from the env threads."""
+
+  def __init__(self):
+    self.calls: list[tuple[int, int | None]] = []
+
+  def __call__(self, seed, session):
+    self.calls.append((int(seed), None if session is None else int(session)))  # list.append is atomic
+
+
+class LoggedDelayed(Delayed):
+  """The `delayed` probe (per-session noise and payoff, envs/session_noise.py) that logs each reset.
+
+  Noise 0.5 and horizon 4 by default: a session draws 3 noise signs and a payoff from its own
+  stream, so two runs of a batch whose streams come from the operating system record the same
+  rewards with odds of about 0.07 per session (about 1e-9 for 8 sessions).
+  """
+
+  def __init__(self, log: ResetLog, horizon: int = 4, noise: float = 0.5):
+    super().__init__(horizon=horizon, noise=noise)
+    self.log = log
+
+  def reset(self, seed, session=None):
+    self.log(seed, session)
+    return super().reset(seed, session)
+
+
+def assert_reset_with_session_ids(log: ResetLog, sessions) -> None:
+  """Each session that an env reset started (a tree's forks are clones, not resets) was reset
+  exactly once, with its task seed and its own session id; and nothing else was reset."""
+  want = sorted((s.seed, s.session_id) for s in sessions if s.branch_of is None)
+  assert sorted(log.calls) == want, (sorted(log.calls), want)
+
+
+def rewards_by_session(sessions) -> dict:
+  return {s.session_id: [float(t.reward) for t in s.turns] for s in sessions}
+
+
 class ScriptedSampler:
   """A host-only stand-in with the `Sampler` API (no model, no jit).
 
@@ -107,6 +146,14 @@ class ScriptedSampler:
       if len(rows[b]) + len(new) > state["capacity"]:
         raise ValueError(f"row {b} would overflow")
       rows[b] = rows[b] + tuple(int(x) for x in new)
+    self.last_state = {"rows": tuple(rows), "capacity": state["capacity"]}
+    return self.last_state
+
+  def copy_rows(self, state, src_rows, dst_rows):
+    """The tree engine's fork (rollout/tree.py): row dst starts as a copy of row src."""
+    rows = list(state["rows"])
+    for src, dst in zip(src_rows, dst_rows):
+      rows[dst] = rows[src]
     self.last_state = {"rows": tuple(rows), "capacity": state["capacity"]}
     return self.last_state
 

@@ -6,7 +6,8 @@ import time
 import jax.numpy as jnp
 import pytest
 
-from rollout_fixtures import TOK, CountEnv, ScriptedSampler
+from rollout_fixtures import (TOK, CountEnv, LoggedDelayed, ResetLog, ScriptedSampler, assert_reset_with_session_ids,
+                              rewards_by_session)
 from mtrl_jax.rollout.actors import (TIMED_OUT_THREAD, ActorPool, ActorSampler, EnvTimeout, ParamBoard,
                                     TimeoutEnv)
 from mtrl_jax.rollout.engine import RolloutEngine
@@ -118,6 +119,33 @@ def test_env_timeout_ends_only_the_slow_sessions():
   while any(t.name == TIMED_OUT_THREAD for t in threading.enumerate()) and time.monotonic() < deadline:
     time.sleep(0.05)
   assert not pool_threads()
+
+
+@pytest.mark.parametrize("step_timeout_s", [None, 60.0])
+def test_every_reset_gets_its_session_id_and_a_per_session_probe_repeats(step_timeout_s):
+  """Two actors play a batch of `delayed` (per-session noise, envs/session_noise.py), with and
+  without the per-call time limit (`TimeoutEnv` between the engine and the env): every env reset
+  receives its task seed and its own session id, two pools at one seed hand over the same
+  sessions, and the two sessions of a group draw different noise.
+  Break checked: `TimeoutEnv.reset` calling the env's reset without the session id fails the
+  reset log (step_timeout_s=60), and the equality of the two pools on its own."""
+  runs = []
+  for _ in range(2):
+    log = ResetLog()
+    q, board, pool = make_pool(engine_for(lambda: LoggedDelayed(log)), eta=0, T=4, actors=2,
+                               step_timeout_s=step_timeout_s)
+    pool.start()
+    try:
+      b = q.get(timeout=60)
+    finally:
+      assert pool.stop(5) == []
+    assert len(b.sessions) == 8
+    assert_reset_with_session_ids(log, b.sessions)
+    runs.append(rewards_by_session(b.sessions))
+  assert runs[0] == runs[1]
+  assert all(len(r) == 4 for r in runs[0].values())
+  ids = sorted(runs[0])
+  assert any(runs[0][a] != runs[0][b] for a, b in zip(ids[::2], ids[1::2]))
 
 
 def test_timeout_env_passes_results_and_errors_through():

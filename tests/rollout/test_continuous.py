@@ -9,7 +9,8 @@ from flax import nnx
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rollout_fixtures import TOK, CountEnv
+from rollout_fixtures import (TOK, CountEnv, LoggedDelayed, ResetLog, assert_reset_with_session_ids,
+                              rewards_by_session)
 from mtrl_jax.models.config import ModelConfig
 from mtrl_jax.models.transformer import Transformer
 from mtrl_jax.rollout.continuous import ContinuousEngine
@@ -198,6 +199,26 @@ def test_leaders_share_only_equal_ids_within_a_group(items):
       assert got[k] == earlier[0]
     else:
       assert k not in got
+
+
+def test_every_reset_gets_its_session_id_and_a_per_session_probe_repeats(sampler):
+  """Continuous batching on `delayed` (per-session noise, envs/session_noise.py), sessions parked
+  and refilled as in the tests above: every env reset receives its task seed and its own session
+  id; two runs at one key give the same sessions; the two sessions of a group (one seed) draw
+  different noise.
+  Break checked: `env.reset(s.seed)` in the continuous engine's reset (the session id dropped:
+  the probe draws from the operating system) fails the reset log, and the equality of the two
+  runs on its own."""
+  runs = []
+  for _ in range(2):
+    log = ResetLog()
+    res = _continuous(sampler, env=lambda: LoggedDelayed(log, horizon=3))[1]
+    assert_reset_with_session_ids(log, res.sessions)
+    runs.append(res.sessions)
+  assert_same_sessions(runs[0], runs[1])
+  assert all(s.num_turns == 3 for s in runs[0])  # 2 noise draws and a payoff each
+  rewards = list(rewards_by_session(runs[0]).values())  # task-major: a group's G sessions in a row
+  assert any(rewards[i] != rewards[i + 1] for i in range(0, len(rewards), G))
 
 
 def test_continuous_engine_checks_its_arguments(sampler):

@@ -5,7 +5,8 @@ import pytest
 from mtrl_jax.envs.registry import make, names
 from mtrl_jax.rollout.engine import RolloutEngine
 from mtrl_jax.sampling.sampler import SamplingParams
-from rollout_fixtures import TOK, CountEnv, ScriptedSampler
+from rollout_fixtures import (TOK, CountEnv, LoggedDelayed, ResetLog, ScriptedSampler, assert_reset_with_session_ids,
+                              rewards_by_session)
 
 SEEDS = [11, 12, 13, 14]
 # Load the built-in registry on this thread: the first `make` from several env
@@ -63,6 +64,25 @@ def test_same_seed_same_sessions():
   assert [s.to_dict() for s in runs[0]] == [s.to_dict() for s in runs[1]]
   other = _engine().run(SEEDS, jax.random.key(4)).sessions
   assert [s.to_dict() for s in runs[0]] != [s.to_dict() for s in other]
+
+
+def test_every_reset_gets_its_session_id_and_a_per_session_probe_repeats():
+  """`delayed` draws its noise and payoff from (task seed, session id) (envs/session_noise.py):
+  every env reset receives its session's seed and id, two runs at one key give the same rewards,
+  and the two sessions of a group (one seed) draw different noise.
+  Break checked: `env.reset(s.seed)` in the engine (the session id dropped: the probe then draws
+  from the operating system) fails the reset log and the equality of the two runs; passing the
+  group id for the session id fails the reset log and the last check."""
+  runs = []
+  for _ in range(2):
+    log = ResetLog()
+    sessions = _engine(factory=lambda: LoggedDelayed(log)).run(SEEDS, jax.random.key(3)).sessions
+    assert_reset_with_session_ids(log, sessions)
+    runs.append(rewards_by_session(sessions))
+  assert runs[0] == runs[1]
+  assert all(len(r) == 4 for r in runs[0].values())  # 4 turns each: 3 noise draws and a payoff
+  ids = sorted(runs[0])
+  assert any(runs[0][a] != runs[0][b] for a, b in zip(ids[::2], ids[1::2]))
 
 
 def test_ids_stay_unique_across_runs_and_version_is_stamped():

@@ -16,6 +16,8 @@ from mtrl_jax.rollout.engine import RolloutEngine
 from mtrl_jax.rollout.ledger import TokenLedger
 from mtrl_jax.rollout.packing import pack_sessions
 from mtrl_jax.rollout.tree import TreeRolloutEngine, TreeSpec
+from rollout_fixtures import (LoggedDelayed, ResetLog, ScriptedSampler, assert_reset_with_session_ids,
+                              rewards_by_session)
 
 TOK = ByteTokenizer()
 CFG = ModelConfig(vocab_size=264, dim=32, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=8, mlp_dim=64)
@@ -127,6 +129,28 @@ def test_two_level_tree_layout_and_savings(policy, sampler):
   per_tree = (res.ledger.generated_total + res.ledger.prefilled_total) / len(ss)
   per_chain = (chains.ledger.generated_total + chains.ledger.prefilled_total) / len(chains.sessions)
   assert per_tree < 0.8 * per_chain
+
+
+def test_every_root_reset_gets_its_session_id_and_a_per_session_probe_repeats():
+  """Host-only (scripted sampler): trees of `delayed` (per-session noise, envs/session_noise.py),
+  2 roots of 2 leaves per task forking at turn 1. Every root's env reset receives its task seed
+  and its own session id (the forks are clones: no reset); two runs at one key give the same
+  rewards; the two roots of a task (one seed) draw different noise.
+  Break checked: the tree engine resetting a root without its session id
+  (`env.reset(s.seed)`) fails the reset log, and the equality of the two runs on its own."""
+  runs = []
+  for _ in range(2):
+    log = ResetLog()
+    engine = TreeRolloutEngine(ScriptedSampler(), TOK, lambda: LoggedDelayed(log), group_size=4,
+                               tree=TreeSpec((1,), 2), turn_token_budget=3, context_cap=256, num_env_threads=3)
+    sessions = engine.run([21, 22, 23], jax.random.key(4)).sessions
+    assert len(sessions) == 12 and sum(s.branch_of is None for s in sessions) == 6
+    assert_reset_with_session_ids(log, sessions)
+    runs.append(rewards_by_session(sessions))
+  assert runs[0] == runs[1]
+  assert all(len(r) == 4 for r in runs[0].values())
+  roots = sorted(s.session_id for s in sessions if s.branch_of is None)
+  assert any(runs[0][a] != runs[0][b] for a, b in zip(roots[::2], roots[1::2]))
 
 
 def test_tree_spec_validation():
