@@ -1,4 +1,4 @@
-"""experiments/report.py and experiments/records.py: STUDY.md from per-run records alone.
+"""The study's report and records (experiments/study/): STUDY.md from per-run records alone.
 
 The fixture (docs/study/fixture/, written by `write_fixture` below) holds synthetic records of the
 study's four experiments of this round at seeds 0-3, built so that each verdict word appears:
@@ -13,20 +13,16 @@ study's four experiments of this round at seeds 0-3, built so that each verdict 
 Every value is base(cell) + a seed effect shared by all arms (sd 0.08) + a residual of sd 0.005:
 the per-arm intervals of two cells 0.05 apart overlap, their paired differences do not.
 """
-import importlib.util
 import json
 import os
 
 import numpy as np
 import pytest
 
+from experiments.study import plan as study
+from experiments.study import records, report, stats
+
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-_spec = importlib.util.spec_from_file_location("experiments_report", os.path.join(REPO, "experiments", "report.py"))
-report = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(report)
-import records  # noqa: E402  (report.py put experiments/ on sys.path)
-import stats  # noqa: E402
-import study  # noqa: E402
 
 FIXTURE = os.path.join(REPO, "docs", "study", "fixture")
 SEEDS = (0, 1, 2, 3)
@@ -81,7 +77,6 @@ def write_fixture(out: str, base: dict = BASE, critic_ev: float = 0.5) -> None:
 def seeds4(monkeypatch):
   import dataclasses
   monkeypatch.setattr(report, "EXPERIMENTS", tuple(dataclasses.replace(e, seeds=SEEDS) for e in study.EXPERIMENTS))
-  monkeypatch.setattr(report, "SEEDS", SEEDS)
 
 
 def run_report(tmp_path, records_dir, figures=False):
@@ -220,11 +215,11 @@ def test_ceiling_is_the_expert_policy_success():
 
 
 def test_ceilings_command_writes_a_record_per_probe_and_prints_them(tmp_path, monkeypatch, capsys):
-  """`records.py --ceilings` in process on two cheap probes (the script run itself, every probe with
+  """`python -m experiments.study.records --ceilings` in process on two cheap probes (the script run itself, every probe with
   sokoban's room generation most of its ~20 CPU seconds, is slow tier: tests/benchmarks/test_scripts_run.py).
   Catches the command not writing one ceiling record per probe where `load` finds it, or not printing
   the paths as its JSON line."""
-  monkeypatch.setattr(study, "PROBES", (("bifurcation", 2), ("bifurcation", 8)))
+  monkeypatch.setattr(records, "PROBES", (("bifurcation", 2), ("bifurcation", 8)))
   out = str(tmp_path / "out")
   n = records.main(["--ceilings", "--out", out])
   assert json.loads(capsys.readouterr().out.strip().splitlines()[-1]) == n

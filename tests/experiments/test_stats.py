@@ -1,15 +1,9 @@
-"""experiments/stats.py: bootstrap intervals, token-weighted AUC, interval comparisons, verdicts."""
-import importlib.util
-import os
-
+"""experiments/study/stats.py: bootstrap intervals, token-weighted AUC, interval comparisons, verdicts."""
 import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-_spec = importlib.util.spec_from_file_location("experiments_stats", os.path.join(REPO, "experiments", "stats.py"))
-stats = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(stats)
+from experiments.study import stats
 
 unit = st.floats(0.0, 1.0, allow_nan=False)
 seeds_values = st.lists(unit, min_size=1, max_size=8)

@@ -1,9 +1,9 @@
 """The study's per-run records: one small JSON file per run under docs/study/, all the report reads.
 
-  python experiments/records.py --root ROOT [--out docs/study]   # records of every finished run in ROOT
-  python experiments/records.py --ceilings                        # every probe's ceiling (no run needed)
+  python -m experiments.study.records --root ROOT [--out docs/study]  # records of every finished run in ROOT
+  python -m experiments.study.records --ceilings                      # every probe's ceiling (no run needed)
 
-experiments/study.py writes a run's record when the run finishes (and a warm
+The study's runner (runner.py) writes a run's record when the run finishes (and a warm
 start's, a critic warm start's); this command writes them for a root run
 before that, or again. Layout under OUT:
 
@@ -27,18 +27,18 @@ import glob
 import json
 import os
 import subprocess
-import sys
 
 import numpy as np
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import stats  # noqa: E402
-from mtrl_jax.metrics import read_metrics  # noqa: E402
-from plot import rl_curves  # noqa: E402
+from experiments.plot import rl_curves
+from experiments.study import stats
+from experiments.study.plan import PROBES
+from mtrl_jax.metrics import read_metrics
 
 SCHEMA = 1
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 DEFAULT_OUT = os.path.join(REPO, "docs", "study")
+SMOL_RECORDS = os.path.join(REPO, "docs", "study_smol")  # the real model's study: the byte report never reads them
 # The config values a record keeps (dotted paths into config.json).
 CONFIG_KEYS = ("seed", "env.name", "env.kwargs", "rl.estimator", "rl.estimator_kwargs", "rl.steps",
                "rl.tasks_per_update", "rl.group_size", "rl.lr", "rl.layout", "rl.context", "rl.decoupled",
@@ -243,14 +243,12 @@ def export(root: str, out: str = DEFAULT_OUT, cells: dict | None = None) -> dict
 
 
 def main(argv=None) -> dict:
-  p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-  p.add_argument("--root", default="", help="a study root (experiments/study.py --root)")
+  p = argparse.ArgumentParser(prog="python -m experiments.study.records", description=__doc__.split("\n\n")[0])
+  p.add_argument("--root", default="", help="a study root (python -m experiments.study --root)")
   p.add_argument("--out", default=DEFAULT_OUT)
   p.add_argument("--ceilings", action="store_true", help="(no --root needed) write every probe's ceiling record")
   a = p.parse_args(argv)
   if a.ceilings:
-    sys.path.insert(0, REPO)
-    from study import PROBES
     n = {"ceilings": [write(a.out, ceiling_record(pr, h)) for pr, h in PROBES]}
     print(json.dumps(n))
     return n
