@@ -1,13 +1,17 @@
 """The study's report and records (experiments/study/): STUDY.md from per-run records alone.
 
 The fixture (docs/study/fixture/, written by `write_fixture` below) holds synthetic records of the
-study's four experiments of this round at seeds 0-3, built so that each verdict word appears:
+study's four experiments of this round at seeds 0-3, built so that each verdict word appears, and so
+that every experiment has mixed controls: one that separates and one that does not (delayed: h2 and h8
+separate, h32 does not; revisit: h4 separates, h16 does not):
 
   E1   not reproduced  gae_lambda1 (0.62) below gae_lambda0.95 (0.70) at h2 on every seed; at h32 the
                        control does not separate, so h32's tie is underpowered (not inconclusive)
   E4   reproduced      gae_decoupled +0.10 over gae_lambda0.95 at every horizon
   E3   inconclusive    vp on = vp off at h2 and h8 (h32's vp off not run), the shuffled control far below
-  E6   underpowered    revisit: every arm and the shuffled control at 0.10 (+ seed effects)
+  E6   underpowered    revisit: every arm at 0.30 (+ seed effects); the shuffled control at 0.20 at h4
+                       (separates: h4's ties are inconclusive) and 0.30 at h16 (does not: h16's ties are
+                       underpowered, and so is the experiment: a control that did not separate decides)
   E2, E5               cut from this round (no records)
 
 Every value is base(cell) + a seed effect shared by all arms (sd 0.08) + a residual of sd 0.005:
@@ -36,7 +40,8 @@ BASE = {  # cell name -> final success (and AUC) before the seed effect
        for h in study.HORIZONS for arm, v in DELAYED.items()},
     **{E3.cell(f"gae_lambda0.95 vp=off h{h}").name: 0.70 for h in (2, 8)},  # = vp on; h32 not run
     **{E4.cell(f"policy 0.95 critic 1.0 h{h}").name: 0.80 for h in study.HORIZONS},  # gae_decoupled
-    **{c.name: 0.10 for c in E6.cells},
+    # revisit: h4's control separates (its shuffled arm 0.10 below), h16's does not (equal)
+    **{c.name: 0.20 if c.label == "ms_grpo shuffled h4" else 0.30 for c in E6.cells},
 }
 EXPECTED = {"E1": "not reproduced", "E3": None, "E4": "reproduced", "E6": "underpowered (control did not separate)",
             "E2": "cut", "E5": "cut"}
@@ -104,7 +109,7 @@ def test_the_fixture_regenerates_with_the_same_verdicts(tmp_path, seeds4):
   assert res["experiments"]["E1"]["comparisons"]["gae_lambda1 h8 > gae_lambda0.95 h8"].startswith("inconclusive")
   assert res["experiments"]["E3"]["comparisons"]["gae_lambda0.95 vp=on h32 > gae_lambda0.95 vp=off h32"].startswith(
       "not tested (no records of `gae_lambda0.95 vp=off h32`")
-  assert res["experiments"]["E6"]["controls"] == {f"ms_grpo h{h} > ms_grpo shuffled h{h}": False
+  assert res["experiments"]["E6"]["controls"] == {f"ms_grpo h{h} > ms_grpo shuffled h{h}": h == 4
                                                   for h in study.E6_HORIZONS}
   assert res["experiments"]["E1"]["comparisons"]["ms_grpo h8 > gae_lambda0.95 h8"] == "reproduced"
   assert res["experiments"]["E1"]["comparisons"]["gae_lambda1 h2 > gae_lambda0.95 h2"] == "not reproduced"
@@ -254,3 +259,56 @@ def test_identical_arms_read_no_difference_not_an_mde_of_zero(tmp_path, seeds4):
   res, _ = run_report(tmp_path, rec)
   got = res["experiments"]["E4"]["comparisons"]["policy 0.95 critic 1.0 h2 > policy 0.95 critic 0.95 h2"]
   assert got.startswith("inconclusive (MDE ") and got != "inconclusive (MDE 0.000)", got
+
+
+def test_mixed_controls_the_one_that_did_not_separate_decides(tmp_path, seeds4):
+  """Every experiment of the fixture has mixed controls (one separates, one does not). A claim is judged
+  with its own horizon's control; an experiment whose unresolved claims rest on both reads "underpowered":
+  a control that did not separate outweighs one that did. Break checked: the precedence in
+  experiment_verdict flipped (a separating control first): E6 reads "inconclusive (MDE ...)"."""
+  res, text = run_report(tmp_path, FIXTURE)
+  for eid in ("E1", "E3", "E4", "E6"):
+    assert sorted(set(res["experiments"][eid]["controls"].values())) == [False, True], eid
+  e6 = res["experiments"]["E6"]
+  assert e6["verdict"] == "underpowered (control did not separate)"
+  for a, b in (("gigpo", "ms_grpo"), ("hgpo", "gigpo")):
+    assert e6["comparisons"][f"{a} h4 > {b} h4"].startswith("inconclusive (MDE "), e6["comparisons"]
+    assert e6["comparisons"][f"{a} h16 > {b} h16"] == "underpowered (control did not separate)"
+  assert "`ms_grpo h4` vs `ms_grpo shuffled h4`: separates" in text
+  assert "`ms_grpo h16` vs `ms_grpo shuffled h16`: **does not separate**" in text
+
+
+# Every word a verdict can start with: an experiment's and a claim's ("cut" and "not run" are an
+# experiment's only). A word the report learns to say needs a fixture here.
+CLAIM_WORDS = ("reproduced", "not reproduced", "underpowered", "inconclusive", "not tested", "no difference")
+EXPERIMENT_WORDS = CLAIM_WORDS + ("cut", "not run")
+
+
+def _word(verdict: str) -> str:
+  return max((w for w in EXPERIMENT_WORDS if verdict.startswith(w)), key=len)
+
+
+def test_every_verdict_word_is_reached_by_a_fixture(tmp_path, seeds4):
+  """The fixture and three variants of it (critics below the bar; E4's two arms identical; E6's records
+  removed) reach every verdict word, for experiments and for single claims. Catches a word the report
+  can no longer reach (e.g. the control ignored: no "underpowered"), and, with the list above, a new word
+  without a fixture."""
+  variants = {"fixture": str(FIXTURE)}
+  for name, kw in (("weak critic", {"critic_ev": 0.02}), ("identical", {}), ("no E6", {})):
+    variants[name] = str(tmp_path / name)
+    write_fixture(variants[name], **kw)
+  for h in study.HORIZONS:  # E4's decoupled corner a copy of the shared 0.95
+    for rec in records.load(variants["identical"])["runs"].values():
+      if rec["cell"] == E4.cell(f"policy 0.95 critic 0.95 h{h}").name:
+        records.write(variants["identical"], {**rec, "cell": E4.cell(f"policy 0.95 critic 1.0 h{h}").name})
+  for c in E6.cells:
+    for p in (tmp_path / "no E6" / "runs" / c.name).glob("*.json"):
+      p.unlink()
+  exp_words, claim_words = set(), set()
+  for name, rec in variants.items():
+    res, _ = run_report(tmp_path / f"out {name}", rec)
+    for e in res["experiments"].values():
+      exp_words.add(_word(e["verdict"]))
+      claim_words |= {_word(v) for v in e.get("comparisons", {}).values()}
+  assert exp_words == set(EXPERIMENT_WORDS), set(EXPERIMENT_WORDS) - exp_words
+  assert claim_words == set(CLAIM_WORDS), set(CLAIM_WORDS) - claim_words
