@@ -24,13 +24,16 @@ the two-sided paired t p-value, the effect size dz = mean(d) / sd(d), and the mi
 the true mean difference a paired t test at this n and this sd of d detects with power 0.8 at alpha 0.05).
 The p-values of every claim and factor contrast of the study, both metrics, form one Holm family (alpha
 {stats.ALPHA}). A claim is **reproduced** when A > B on some metric after Holm and B > A on none; **not
-reproduced** when B > A on some metric after Holm; **underpowered** when neither and the experiment's
-positive control did not separate (unadjusted p < {stats.ALPHA}, A > B on some metric): the design could not
-see a difference known to exist; **inconclusive (MDE x)** when neither and the control separated: a true
-difference of x would have been found with probability 0.8 by one paired t test at alpha 0.05 (under Holm's
-correction the family's tests need larger differences, so x is a lower bound); **not tested** when a
-side has no records or its critic is below the bar. The per-cell intervals in the tables are t intervals of
-the mean over seeds: descriptive, not the test."""
+reproduced** when B > A on some metric after Holm; **underpowered** when neither and its positive control
+(the one at its own probe and horizon) did not separate (unadjusted p < {stats.ALPHA}, A > B on some metric):
+the design could not see a difference known to exist; **inconclusive (MDE x)** when neither and the control
+separated: a true difference of x would have been found with probability 0.8 by one paired t test at alpha
+0.05 (under Holm's correction the family's tests need larger differences, so x is a lower bound); **not
+tested** when a side has no records or its critic is below the bar. An experiment is not reproduced when one
+of its claims is, reproduced when all are; otherwise its unresolved claims decide: underpowered when the
+control of one of them did not separate, else inconclusive with the largest MDE among them (a reproduced
+claim says nothing of what the design can see). The headline lists each claim's verdicts by horizon. The
+per-cell intervals in the tables are t intervals of the mean over seeds: descriptive, not the test."""
 
 PROTOCOL = """**Setup, and what was tuned.** Every RL cell: the 2-layer d=64 byte model, 32 updates of 8 tasks x 4
 sessions, one minibatch, PPO clip 0.2 / 0.28, sampled at temperature 1, from its probe's warm start (600 steps

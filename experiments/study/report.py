@@ -21,7 +21,7 @@ from experiments.study import records as records_mod
 from experiments.study.plan import EXPERIMENTS, plan
 from experiments.study.prose import cost, header, old_verdicts
 from experiments.study.tables import critic_warm_table, figure, lab_section, probe_table, section
-from experiments.study.verdicts import cell_stats, comparison_verdict, experiment_verdict, study_tests
+from experiments.study.verdicts import cell_stats, claim_lines, comparison_verdict, experiment_verdict, study_tests
 
 
 def report(records_dir: str, out: str, figdir: str, date: str | None = None, figures: bool = True,
@@ -53,9 +53,10 @@ def report(records_dir: str, out: str, figdir: str, date: str | None = None, fig
       figure(exp, cs, os.path.join(figdir, f"{exp.id}.png"))
     sections.append(section(exp, cs, items, verdict, f"{rel}/{exp.id}.png"))
     mine = [i for i in items if i["exp"] == exp.id]
-    headline.append(f"- **{exp.id}** {exp.title}: **{verdict}**")
+    claims = claim_lines(exp, items)
+    headline += [f"- **{exp.id}** {exp.title}: **{verdict}**", *(f"  - {line}" for line in claims)]
     result[exp.id] = {
-        "verdict": verdict,
+        "verdict": verdict, "claims": claims,
         "comparisons": {f"{i['a']} > {i['b']}": comparison_verdict(exp, i, items) for i in mine if i["kind"] == "claim"},
         "factors": {f"{i['a']} > {i['b']}": ("not tested" if i["untested"] else i["judged"]) for i in mine
                     if i["kind"] == "factor"},

@@ -9,6 +9,8 @@ report.py print what this returns.
 """
 from __future__ import annotations
 
+import re
+
 import numpy as np
 
 from experiments.study import stats
@@ -175,25 +177,80 @@ def identical(it: dict) -> bool:
   return bool(tests) and all(_zero(t) for t in tests)
 
 
+def _mdes(it: dict) -> list[float]:
+  """A claim's MDEs, one per metric, leaving out a metric whose differences are all 0 (no MDE of its own)."""
+  return [t.mde for _, t in it["tests"].values() if t is not None and not _zero(t)]
+
+
+def _verdict(exp, it: dict, items: list) -> str:
+  """A tested, not identical claim's words (stats.paired_verdict on its metrics and its own control)."""
+  return stats.paired_verdict([tuple(it["judged"].values())], [_mdes(it)], control_ok(exp, items, it["a"]))
+
+
 def comparison_verdict(exp, it: dict, items: list) -> str:
   if it["untested"]:
     return f"not tested ({it['untested']})"
   if identical(it):
     n = max(t.n for _, t in it["tests"].values() if t is not None)
     return f"no difference (identical on all {n} seeds: every paired difference is 0)"
-  mdes = [t.mde for _, t in it["tests"].values() if t is not None and not _zero(t)]
-  verdict = stats.paired_verdict([tuple(it["judged"].values())], mdes, control_ok(exp, items, it["a"]))
-  return verdict + (f" (critic uncertain: {it['critic_note']})" if it.get("critic_note") else "")
+  return _verdict(exp, it, items) + (f" (critic uncertain: {it['critic_note']})" if it.get("critic_note") else "")
 
 
 def experiment_verdict(exp, items: list) -> str:
+  """The experiment's word over its tested claims, each with its own control and MDE: one claim reversed
+  makes it "not reproduced", all reproduced "reproduced"; otherwise the unresolved claims decide
+  (stats.paired_verdict: underpowered when one of their controls did not separate, else inconclusive at
+  the largest MDE among them)."""
   claims = [i for i in items if i["exp"] == exp.id and i["kind"] == "claim"]
   tested = [i for i in claims if not i["untested"]]
   if not tested:
     return "not tested (" + "; ".join(sorted({i["untested"] for i in claims})) + ")" if claims else "not tested"
-  oks = [control_ok(exp, items, i["a"]) for i in tested]
-  control = False if False in oks else (True if True in oks else None)
   if all(identical(i) for i in tested):
     return "no difference (identical on every seed of every tested claim)"
-  mdes = [t.mde for i in tested for _, t in i["tests"].values() if t is not None and not _zero(t)]
-  return stats.paired_verdict([tuple(i["judged"].values()) for i in tested], mdes, control)
+  return stats.paired_verdict([tuple(i["judged"].values()) for i in tested], [_mdes(i) for i in tested],
+                              [control_ok(exp, items, i["a"]) for i in tested])
+
+
+# The order a claim's words are listed in the headline.
+WORD_ORDER = ("reproduced", "not reproduced", "no difference", "inconclusive", "underpowered", "not tested")
+
+
+def _short(exp, it: dict, items: list) -> tuple[str, str]:
+  """(word, MDE or "") of one claim, as the headline says it: the reason of "not tested" and of
+  "no difference" stays in the experiment's section; a critic straddling the bar is flagged."""
+  if it["untested"]:
+    return "not tested", ""
+  if identical(it):
+    return "no difference", ""
+  v = _verdict(exp, it, items)
+  word = next(w for w in sorted(WORD_ORDER, key=len, reverse=True) if v.startswith(w))
+  mde = v[len("inconclusive (MDE "):-1] if v.startswith("inconclusive (MDE ") else ""
+  return word + (" (critic uncertain)" if it.get("critic_note") else ""), mde
+
+
+def _horizon(label: str) -> tuple[str, int | None]:
+  """('arm', H) for a label '<arm> h<H>', else (label, None)."""
+  m = re.fullmatch(r"(.+) h(\d+)", label)
+  return (m[1], int(m[2])) if m else (label, None)
+
+
+def claim_lines(exp, items: list) -> list[str]:
+  """The headline's line per claim (a comparison across its horizons): its verdicts, each with the
+  horizons it holds at, e.g. "`vp=on` > `vp=off`: reproduced at H 8, 32; inconclusive at H 2 (MDE 0.008)"."""
+  groups: dict = {}
+  for it in items:
+    if it["exp"] != exp.id or it["kind"] != "claim":
+      continue
+    (a, h), (b, _) = _horizon(it["a"]), _horizon(it["b"])
+    word, mde = _short(exp, it, items)
+    groups.setdefault((a, b), {}).setdefault(word, []).append((h, mde))
+  lines = []
+  for (a, b), words in groups.items():
+    parts = []
+    for word in sorted(words, key=lambda w: (WORD_ORDER.index(w.split(" (")[0]), w)):
+      hs = sorted(words[word], key=lambda x: -1 if x[0] is None else x[0])
+      at = "" if hs[0][0] is None else " at H " + ", ".join(str(h) for h, _ in hs)
+      mdes = [m for _, m in hs if m]
+      parts.append(word + at + (f" (MDE {', '.join(mdes)})" if mdes else ""))
+    lines.append(f"`{a}` > `{b}`: " + "; ".join(parts))
+  return lines
