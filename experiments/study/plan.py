@@ -282,6 +282,26 @@ def _e6() -> Experiment:
 
 EXPERIMENTS = (_e1(), _e2(), _e3(), _e4(), _e5(), _e6())
 
+# Files of mtrl_jax/ and configs/ the records of two compared cells may differ in, and why (versions.py:
+# the report refuses any other difference). The committed records were made at two commits, be2e9bc
+# (critic-free arms) and 28f5aef (critic arms, critic warm starts); git diff between them, restricted to
+# mtrl_jax/ and configs/, is these six files. Checked 2026-11-28: configs/study.py at the two commits
+# builds the same config for all 264 planned runs and 5 warm starts but for one added field,
+# value_pretrain.readout_tasks, which only the value-pretraining stage reads, and an RL run started from
+# a critic warm start skips that stage (train/run.py restores the pretrained critic instead).
+CODE_MAY_DIFFER = (
+    ("configs/smol.py", "the real model's settings: no byte cell reads them"),
+    ("configs/study.py", "model=smol added, and the critic stage's readout size (value_pretrain.readout_tasks): "
+                         "every byte run's config is the same but for that field, read by value pretraining only"),
+    ("configs/common.py", "shrink() (runlocal smoke sizes only) sets the readout size"),
+    ("mtrl_jax/config.py", "the field value_pretrain.readout_tasks (default 0: the old single-round readout) and "
+                           "its check"),
+    ("mtrl_jax/train/value_pretrain.py", "the critic warm start's final readout, after fitting (more tasks, "
+                                         "with intervals); RL runs do not run value pretraining"),
+    ("mtrl_jax/train/critic_readout.py", "session-bootstrap intervals added to the readout (off unless asked: "
+                                         "the RL stage's readouts unchanged)"),
+)
+
 # The study on the real model (issue 32 item 8: one command, <= 9 minutes on one GPU): E1's claim cells
 # (ms_grpo and gae lambda 1 against gae lambda 0.95) and its positive control (ms_grpo shuffled) at the
 # two short horizons, 2 seeds: 2 policy warm starts, 2 critic warm starts, 16 runs, each cell at

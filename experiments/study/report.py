@@ -18,17 +18,20 @@ import json
 import os
 
 from experiments.study import records as records_mod
-from experiments.study.plan import EXPERIMENTS, plan
+from experiments.study.plan import CODE_MAY_DIFFER, EXPERIMENTS, plan
 from experiments.study.prose import cost, header, old_verdicts
 from experiments.study.tables import critic_warm_table, figure, lab_section, probe_table, section
+from experiments.study.versions import CodeCheck
 from experiments.study.verdicts import cell_stats, claim_lines, comparison_verdict, experiment_verdict, study_tests
 
 
 def report(records_dir: str, out: str, figdir: str, date: str | None = None, figures: bool = True,
-           experiments=None) -> dict:
+           experiments=None, code: CodeCheck | None = None) -> dict:
   """Writes `out` (and the figures, unless `figures` is False) from the records in `records_dir`; returns
-  every verdict. `experiments`: the plan's (plan.EXPERIMENTS, read at the call) unless given."""
+  every verdict. `experiments`: the plan's (plan.EXPERIMENTS, read at the call) unless given; `code`: the
+  check of the records' code versions (default: the plan's allowed differences, this repository's git)."""
   experiments = EXPERIMENTS if experiments is None else experiments
+  code = CodeCheck(CODE_MAY_DIFFER) if code is None else code
   got = records_mod.load(records_dir)
   runs = got["runs"]
   os.makedirs(figdir, exist_ok=True)
@@ -38,7 +41,7 @@ def report(records_dir: str, out: str, figdir: str, date: str | None = None, fig
   uncut = {c.name for e in experiments if not e.cut for c in e.cells}
   ran = [e for e in experiments if any(s["recs"] for s in cstats[e.id].values()
                                        if not e.cut or s["cell"].name not in uncut)]
-  tests = study_tests(ran, cstats)
+  tests = study_tests(ran, cstats, code)
   items = tests["items"]
   result, sections, headline = {}, [], []
   for exp in experiments:
@@ -73,6 +76,7 @@ def report(records_dir: str, out: str, figdir: str, date: str | None = None, fig
                       "<!-- headline -->\n" + "\n".join(headline) + "\n<!-- /headline -->",
                       f"Holm family: {tests['family']} tests (claims and factor contrasts x final success and AUC).",
                       cost(got),
+                      "## The code behind the records\n\n" + code.section(got),
                       "## Probe tasks: the warm start and the ceiling\n\n" + probe_table(got["warm"], got["ceilings"]),
                       "## The critics before RL\n\n" + critic_warm_table(got["critics"]),
                       "## Credit-accuracy lab\n\n" + lab_section(records_dir, figdir, rel), *sections,

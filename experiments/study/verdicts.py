@@ -131,16 +131,19 @@ def paired_tests(cs: dict, a: str, b: str) -> dict:
   return out
 
 
-def study_tests(exps: list, cstats: dict) -> dict:
+def study_tests(exps: list, cstats: dict, code=None) -> dict:
   """Every claim, factor contrast and control of the study, tested; Holm over the claims' and the
-  factors' tests (both metrics) of the whole study; controls unadjusted (a check of the design)."""
+  factors' tests (both metrics) of the whole study; controls unadjusted (a check of the design).
+  `code` (versions.CodeCheck): a comparison whose run records' code differs beyond its allowed files
+  is not tested."""
   items = []
   for exp in exps:
     cs = cstats[exp.id]
     for kind, pairs in (("claim", [(a, b, None) for a, b in exp.comparisons]), ("factor", exp.factors),
                         ("control", [(a, b, None) for a, b in exp.controls])):
       for a, b, what in pairs:
-        why = untested_because(cs, a, b)
+        why = untested_because(cs, a, b) or (code and code.refusal([*cs[a]["recs"].values(),
+                                                                    *cs[b]["recs"].values()]))
         items.append({"exp": exp.id, "kind": kind, "a": a, "b": b, "factor": what, "untested": why,
                       "critic_note": None if why else untested_because(cs, a, b, uncertain=True),
                       "tests": {} if why else paired_tests(cs, a, b)})

@@ -203,7 +203,7 @@ def test_record_of_a_run_folder(tmp_path):
   assert records.run_record(str(wd), "c", 3, {}) is None  # no final eval stage yet
   with open(wd / "metrics.jsonl", "a") as f:
     f.write(json.dumps({"step": 4, "stage": "eval", "eval/success": 0.875, "eval/return": 0.7}) + "\n")
-  rec = records.run_record(str(wd), "c", 3, {"arm": "grpo"}, sha="abc")
+  rec = records.run_record(str(wd), "c", 3, {"arm": "grpo"}, prov={"commit": "abc", "dirty": False, "tree": None})
   assert [(e["step"], e["success"]) for e in rec["evals"]] == [(0, 0.5), (4, 0.9), ("final", 0.875)]
   assert rec["final"] == {"success": 0.875, "return": 0.7} and rec["commit"] == "abc"
   assert rec["auc"] == pytest.approx(stats.auc([100, 200, 300, 400], [0.25, 0.5, 0.75, 1.0]))

@@ -147,11 +147,11 @@ def test_critic_record_keeps_the_intervals(tmp_path):
   final = {"step": 21, "stage": "value_pretrain", "value_pretrain/final": 1.0,
            **{f"value_pretrain/{k}": v for k, v in readout(0.36, 0.40, (0.7, 0.9), sessions=4096).items()}}
   (tmp_path / "metrics.jsonl").write_text(json.dumps(final) + "\n")
-  rec = records.critic_record(str(tmp_path), "probe=delayed,horizon=8,critic,seed=0", sha="x")
+  rec = records.critic_record(str(tmp_path), "probe=delayed,horizon=8,critic,seed=0", prov={"commit": "x"})
   r = rec["readout"]
   assert (r["ev_over_oracle_lo"], r["ev_over_oracle_hi"], r["readout_sessions"]) == (0.7, 0.9, 4096)
   assert r["oracle_explained_variance_lo"] == pytest.approx(0.37)
   old = {k: v for k, v in final.items() if not k.endswith(("_lo", "_hi", "readout_sessions"))}
   (tmp_path / "metrics.jsonl").write_text(json.dumps(old) + "\n")
-  r = records.critic_record(str(tmp_path), "probe=delayed,horizon=8,critic,seed=0", sha="x")["readout"]
+  r = records.critic_record(str(tmp_path), "probe=delayed,horizon=8,critic,seed=0", prov={"commit": "x"})["readout"]
   assert r["ev_over_oracle_lo"] is None and r["readout_sessions"] is None

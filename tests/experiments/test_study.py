@@ -161,6 +161,8 @@ def test_a_finished_run_writes_its_record_with_the_cells_arguments(tmp_path):
   assert path == str(tmp_path / "rec" / "runs" / cell.name / "seed=3.json")
   rec = records.load(str(tmp_path / "rec"))["runs"][(cell.name, 3)]
   assert rec["args"] == cell.full and rec["args"]["shuffle"] is True and rec["final"]["success"] == 0.25
+  # the code it was made with: this checkout's commit, trees of mtrl_jax/ and configs/ and the dirty flag
+  assert rec["commit"] != "unknown" and set(rec["tree"]) == {"mtrl_jax", "configs"} and isinstance(rec["dirty"], bool)
   # the converter finds the same run under the root and records the same numbers
   n = records.export(str(tmp_path), str(tmp_path / "conv"))
   assert n == {"runs": 1, "critics": 0, "warm": 0}
