@@ -273,9 +273,9 @@ def _e6() -> Experiment:
       factors=factors,
       note=f"`revisit` at horizons {', '.join(map(str, E6_HORIZONS))} (a corridor of H // 2 + 1 cells; the "
            "anchor state is the cell, with no turn in it); ms_grpo stands for GRPO (the session layout); "
-           "h16 was not run past one seed of one cell: its warm start succeeds 0.08 and that run (dr_grpo, "
-           "seed 0) lost the reply format (invalid replies up to 100% of turns, success 0.00), so the byte model "
-           "cannot test E6 there with this recipe")
+           "h16 was not run past one seed of one cell: its warm start succeeds 0.094 (its own eval, 64 tasks) and "
+           "that run (dr_grpo, seed 0) lost the reply format (invalid replies up to 100% of turns, success 0.00), "
+           "so the byte model cannot test E6 there with this recipe")
 
 
 
@@ -307,8 +307,9 @@ CODE_MAY_DIFFER = (
 # two short horizons, 2 seeds: 2 policy warm starts, 2 critic warm starts, 16 runs, each cell at
 # configs/study.py's model=smol sizes (256 demos, 32 SFT steps; 16 RL updates of 8 tasks x 4 sessions;
 # eval on 128 tasks). dr_grpo (the normalisation factor) and h32 are left to a longer window.
-# Estimate on one H100/H200 (not run on a GPU yet; basis: /work/shared/STACK.md's H100 numbers for
-# configs/smol.py, where compiling is ~85% of a short run: first RL update 40 s, then 0.22-0.30 s per
+# Estimate on one H100/H200 (not run on a GPU yet; basis: numbers a development session measured on one
+# H100 on 2026-11-28 at commit acf1d62, not kept in this repository, for configs/smol.py, where compiling is
+# ~85% of a short run: first RL update 40 s, then 0.22-0.30 s per
 # update of 32 sessions, behaviour cloning 48 s for 16 steps; its 16-update job ~96 s, docs/accelerator.md):
 # a job is ~15 s of start-up and weights, ~40-60 s of compiling where the persistent cache (ROOT/jax_cache)
 # has not got its programs yet, ~5 s where it has, and little work (a session is 114 tokens at h2 and 216

@@ -32,7 +32,8 @@ separated: a true difference of x would have been found with probability 0.8 by 
 tested** when a side has no records or its critic is below the bar. An experiment is not reproduced when one
 of its claims is, reproduced when all are; otherwise its unresolved claims decide: underpowered when the
 control of one of them did not separate, else inconclusive with the largest MDE among them (a reproduced
-claim says nothing of what the design can see). The headline lists each claim's verdicts by horizon. The
+claim says nothing of what the design can see). The headline lists each claim's verdicts by horizon, each
+with its key number: the paired mean difference A - B on the metric that decided it, or the MDE. The
 per-cell intervals in the tables are t intervals of the mean over seeds: descriptive, not the test."""
 
 PROTOCOL = """**Setup, and what was tuned.** Every RL cell: the 2-layer d=64 byte model, 32 updates of 8 tasks x 4

@@ -230,7 +230,8 @@ def probe_table(warm: dict, ceilings: dict) -> str:
     rows.append([kv.get("probe", name), kv.get("horizon", "—"), (r or {}).get("sft_steps", "—"),
                  "built" if r else "no record", _num(r and r["success"], "{:.3f}"),
                  _num(r and r.get("greedy_success"), "{:.3f}"), _num(top, "{:.3f}")])
-  return ("Warm start = behaviour cloning on quality-0.5 demos; ceiling = the share of the RL cells' 256 "
+  return ("Warm start = behaviour cloning on quality-0.5 demos; sampled / greedy success = the warm start's own "
+          "eval on 64 held-out tasks (the RL cells' step-0 eval, on their 256, differs by its sampling); ceiling = the share of the RL cells' 256 "
           "held-out eval tasks the env's expert policy succeeds on (what a perfect policy reaches; a dash: the "
           "env could not be built where the records were written, e.g. TextArena not installed).\n\n"
           + _table(["probe", "horizon", "BC steps", "warm start", "sampled success", "greedy success", "ceiling"],

@@ -218,17 +218,36 @@ def experiment_verdict(exp, items: list) -> str:
 WORD_ORDER = ("reproduced", "not reproduced", "no difference", "inconclusive", "underpowered", "not tested")
 
 
+METRIC_NAMES = {"final": "final", "auc": "AUC"}
+
+
 def _short(exp, it: dict, items: list) -> tuple[str, str]:
-  """(word, MDE or "") of one claim, as the headline says it: the reason of "not tested" and of
-  "no difference" stays in the experiment's section; a critic straddling the bar is flagged."""
+  """(word, key number or "") of one claim, as the headline says it. The key number: a reproduced (not
+  reproduced) claim's paired mean difference A - B on the first metric that decided it ("final +0.030");
+  an inconclusive claim's MDE ("MDE 0.008"). The reason of "not tested" and of "no difference" stays in
+  the experiment's section; a critic straddling the bar is flagged."""
   if it["untested"]:
     return "not tested", ""
   if identical(it):
     return "no difference", ""
   v = _verdict(exp, it, items)
   word = next(w for w in sorted(WORD_ORDER, key=len, reverse=True) if v.startswith(w))
-  mde = v[len("inconclusive (MDE "):-1] if v.startswith("inconclusive (MDE ") else ""
-  return word + (" (critic uncertain)" if it.get("critic_note") else ""), mde
+  key = ""
+  if v.startswith("inconclusive (MDE "):
+    key = v[len("inconclusive ("):-1]
+  elif word in ("reproduced", "not reproduced"):
+    side = "A>B" if word == "reproduced" else "B>A"
+    m = next(m for m in METRICS if it["judged"].get(m) == side)
+    key = f"{METRIC_NAMES[m]} {it['tests'][m][1].mean:+.3f}"
+  return word + (" (critic uncertain)" if it.get("critic_note") else ""), key
+
+
+def _keys(keys: list[str]) -> str:
+  """'final +0.030, +0.537' when every key names the same metric, else each with its own."""
+  heads = {k.split(" ")[0] for k in keys}
+  if len(heads) == 1:
+    return heads.pop() + " " + ", ".join(k.split(" ", 1)[1] for k in keys)
+  return ", ".join(keys)
 
 
 def _horizon(label: str) -> tuple[str, int | None]:
@@ -239,21 +258,22 @@ def _horizon(label: str) -> tuple[str, int | None]:
 
 def claim_lines(exp, items: list) -> list[str]:
   """The headline's line per claim (a comparison across its horizons): its verdicts, each with the
-  horizons it holds at, e.g. "`vp=on` > `vp=off`: reproduced at H 8, 32; inconclusive at H 2 (MDE 0.008)"."""
+  horizons it holds at and their key numbers in that order, e.g. "`vp=on` > `vp=off`: reproduced at
+  H 8, 32 (final +0.030, +0.537); inconclusive at H 2 (MDE 0.008)"."""
   groups: dict = {}
   for it in items:
     if it["exp"] != exp.id or it["kind"] != "claim":
       continue
     (a, h), (b, _) = _horizon(it["a"]), _horizon(it["b"])
-    word, mde = _short(exp, it, items)
-    groups.setdefault((a, b), {}).setdefault(word, []).append((h, mde))
+    word, key = _short(exp, it, items)
+    groups.setdefault((a, b), {}).setdefault(word, []).append((h, key))
   lines = []
   for (a, b), words in groups.items():
     parts = []
     for word in sorted(words, key=lambda w: (WORD_ORDER.index(w.split(" (")[0]), w)):
       hs = sorted(words[word], key=lambda x: -1 if x[0] is None else x[0])
       at = "" if hs[0][0] is None else " at H " + ", ".join(str(h) for h, _ in hs)
-      mdes = [m for _, m in hs if m]
-      parts.append(word + at + (f" (MDE {', '.join(mdes)})" if mdes else ""))
+      keys = [k for _, k in hs if k]
+      parts.append(word + at + (f" ({_keys(keys)})" if keys else ""))
     lines.append(f"`{a}` > `{b}`: " + "; ".join(parts))
   return lines

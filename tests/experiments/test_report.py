@@ -23,6 +23,7 @@ the per-arm intervals of two cells 0.05 apart overlap, their paired differences 
 """
 import json
 import os
+import re
 
 import numpy as np
 import pytest
@@ -332,7 +333,8 @@ def test_the_headline_lists_each_claims_verdicts_and_the_mde_of_the_unresolved_o
   own E3: reproduced at the horizon with the widest MDE) reads inconclusive at h2/h8's MDE, not h32's.
   Breaks checked: the MDE taken over every tested claim (E3 printed h32's MDE, as issue 41 found in
   STUDY.md); the controls of resolved claims counted (E3 'underpowered': h32's control does not
-  separate); the headline's horizons grouped per word wrongly."""
+  separate); the headline's horizons grouped per word wrongly; the key number of the wrong metric or
+  sign (B - A)."""
   res, text = run_report(tmp_path, FIXTURE)
   e3 = res["experiments"]["E3"]
   claim = "gae_lambda0.95 vp=on h{} > gae_lambda0.95 vp=off h{}"
@@ -342,9 +344,15 @@ def test_the_headline_lists_each_claims_verdicts_and_the_mde_of_the_unresolved_o
   assert e3["verdict"] == f"inconclusive (MDE {max(open_mdes):.3f})"
   mde2, mde8 = (e3["comparisons"][claim.format(h, h)][len("inconclusive (MDE "):-1] for h in (2, 8))
   head = text.split("<!-- headline -->")[1].split("<!-- /headline -->")[0]
+  # the key number of a resolved claim: its paired mean difference on the metric that decided it
+  row = next(x for x in text.splitlines() if x.startswith(f"| {claim.format(32, 32)} | final |"))
+  d32 = float(row.split("|")[4].split("[")[0])
+  assert d32 == pytest.approx(0.40, abs=0.02)
   assert (f"- **E3** Value pretraining: **{e3['verdict']}**\n  - `gae_lambda0.95 vp=on` > `gae_lambda0.95 vp=off`: "
-          f"reproduced at H 32; inconclusive at H 2, 8 (MDE {mde2}, {mde8})\n") in head
-  assert "  - `policy 0.95 critic 1.0` > `policy 0.95 critic 0.95`: reproduced at H 2, 8; not tested at H 32\n" in head
-  assert "  - `gae_lambda1` > `gae_lambda0.95`: not reproduced at H 2; inconclusive at H 8" in head
+          f"reproduced at H 32 (final {d32:+.3f}); inconclusive at H 2, 8 (MDE {mde2}, {mde8})\n") in head
+  assert re.search(r"  - `policy 0.95 critic 1.0` > `policy 0.95 critic 0.95`: reproduced at H 2, 8 "
+                   r"\(final \+0\.1\d\d, \+0\.(09|10)\d\); not tested at H 32\n", head), head
+  assert "  - `gae_lambda1` > `gae_lambda0.95`: not reproduced at H 2 (final -0.0" in head
+  assert "; inconclusive at H 8 (MDE " in head
   assert "; underpowered at H 32\n" in head and "  - `hgpo` > `gigpo`: inconclusive at H 4 (MDE " in head
   assert e3["claims"] == [x[4:] for x in head.splitlines() if x.startswith("  - `gae_lambda0.95 vp=on`")]
