@@ -27,7 +27,7 @@
 #                  the timeout stops it
 #   smol_study     only with SMOL_STUDY=1, and then instead of every stage but
 #                  weights (one call each: both do not fit one window):
-#                  experiments/study.py --model smol --parallel 8 on those weights
+#                  python -m experiments.study --model smol --parallel 8 on those weights
 #                  (E1's claim cells and control at horizons 2 and 8, 2 seeds: 2 warm
 #                  starts, 2 critics, 16 runs; estimate ~6 min, not yet run on a GPU);
 #                  its records in logs.tar.gz (logs/smol_study_records/), its summary
@@ -154,7 +154,7 @@ if [[ "$SMOL_STUDY" == 1 ]]; then
   if [[ -f "$hf/config.json" ]]; then
     rm -rf "$work/smol_study" "$work/logs/smol_study_records"
     run_stage smol_study "$CAP_SMOL_STUDY" 0 "" \
-      python3 experiments/study.py --model smol --root "$work/smol_study" --hf_dir "$hf" \
+      python3 -m experiments.study --model smol --root "$work/smol_study" --hf_dir "$hf" \
       --records "$work/logs/smol_study_records" "${study_args[@]}"
   else
     skip_stage smol_study "no SmolLM2 folder: the weights stage failed"

@@ -145,7 +145,7 @@ def headline(stages: dict) -> dict:
   ro = get("rollout")
   h.update(rollout_sessions_per_s_ratio=ro.get("sessions_per_s_ratio"),
            rollout_slot_util_continuous=ro.get("slot_util_continuous"))
-  # the study on SmolLM2 (SMOL_STUDY=1): experiments/study.py's summary line (runs, ran, failed)
+  # the study on SmolLM2 (SMOL_STUDY=1): the study's runner's summary line (runs, ran, failed)
   h.update(smol_study_s=stages.get("smol_study", {}).get("seconds"), smol_study=get("smol_study") or None)
   mm = (get("bf16_mismatch").get("results") or {})
   h.update(bf16_mismatch_share=(mm.get("bfloat16") or {}).get("share_outside"),

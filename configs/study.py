@@ -1,4 +1,4 @@
-"""The credit-assignment study's runs (experiments/study.py, docs/STUDY.md).
+"""The credit-assignment study's runs (experiments/study/, docs/STUDY.md).
 
 One config per cell of the study: a probe task, a credit arm and the knobs the
 five experiments vary. Every RL run of a probe starts from the same warm start
@@ -215,7 +215,7 @@ def _byte_cell(a: dict):
 # - the env speaks English (style="natural") where it has the style;
 # - the context cap in tokens, not bytes (below);
 # - sizes for one GPU: a warm start plus a cell's RL run in well under two minutes on an H100/H200
-#   (experiments/study.py's SMOL_* plan and docs/accelerator.md hold the estimate and its basis).
+#   (experiments/study/plan.py's SMOL_* plan and docs/accelerator.md hold the estimate and its basis).
 SMOL_DEMOS = 256       # quality 0.5 as the byte study (configs/smol.py's recipe: 256 demos)
 SMOL_READOUT_TASKS = 64
 SMOL_SFT_STEPS = 32    # one pass over the 256 demos at batch 8 (configs/smol.py: 16 steps learned memory's format)

@@ -1,8 +1,8 @@
 """Learning curves of one or several runs: success and return vs RL steps and vs tokens.
 
-  python experiments/plot.py --workdir /tmp/grpo                       # -> /tmp/grpo/curves.png
-  python experiments/plot.py --workdir /tmp/sweep/a,/tmp/sweep/b --out cmp.png
-  python experiments/plot.py --workdir '/tmp/sweep/estimator=*,horizon=6,seed=0'   # a glob: -> /tmp/sweep/curves.png
+  python -m experiments.plot --workdir /tmp/grpo                       # -> /tmp/grpo/curves.png
+  python -m experiments.plot --workdir /tmp/sweep/a,/tmp/sweep/b --out cmp.png
+  python -m experiments.plot --workdir '/tmp/sweep/estimator=*,horizon=6,seed=0'   # a glob: -> /tmp/sweep/curves.png
 
 Rows: success (eval/success, eval/greedy_success, rollout/success) and return
 (eval/return, eval/greedy_return, rollout/return). Columns: x = RL step and

@@ -1,6 +1,6 @@
 """Final evaluation of every run under a sweep root, per run and mean ± std over seeds.
 
-  python experiments/summarize.py --root /tmp/sweep [--over seed] [--json_only]
+  python -m experiments.summarize --root /tmp/sweep [--over seed] [--json_only]
 
 Reads ROOT/*/metrics.jsonl (workdirs named `k=v,k=v` by experiments/sweep.py).
 The final numbers come from the last line of stage `eval`; a run without one

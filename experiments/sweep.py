@@ -1,6 +1,6 @@
 """A grid of `configs/<family>.py:ARGS` runs, one workdir each, resumable.
 
-  python experiments/sweep.py --config configs/grpo.py \\
+  python -m experiments.sweep --config configs/grpo.py \\
       --grid 'estimator=grpo,rloo;horizon=3,6;seed=0,1' --root /tmp/sweep [--dry_run] [--parallel N]
 
 `;` separates keys, `,` separates a key's values; the product of all values
@@ -8,7 +8,7 @@ gives one run per point, named `k=v,k=v` after the grid (`ROOT/estimator=grpo,
 horizon=3,seed=0`). Fixed args ride on the config (`configs/grpo.py:env=keydoor`)
 and any `--config.FIELD=VALUE` flag is passed to every run:
 
-  python experiments/sweep.py --config configs/grpo.py:runlocal=true --grid 'seed=0,1,2' \\
+  python -m experiments.sweep --config configs/grpo.py:runlocal=true --grid 'seed=0,1,2' \\
       --root /tmp/s --config.rl.steps=5
 
 Judging a recipe: `--seeds N` adds seed=0..N-1 to the grid (or is the whole
@@ -17,12 +17,12 @@ with min / median / max over the runs, and, with `--bar`, the eval step at
 which each run first reached the bar and its lowest eval after that (a recipe
 that gets there and falls back is not robust):
 
-  python experiments/sweep.py --config configs/default.py --seeds 5 --root /tmp/seeds --bar 0.95
+  python -m experiments.sweep --config configs/default.py --seeds 5 --root /tmp/seeds --bar 0.95
 
 A run whose metrics.jsonl already has a final line (stage `eval`) is skipped,
 so relaunching the same command after a preemption finishes the grid; each
 unfinished run resumes from its own checkpoint. Each run's stdout and stderr
-are appended to ROOT/<name>/log.txt. Then: `python experiments/summarize.py --root ROOT`.
+are appended to ROOT/<name>/log.txt. Then: `python -m experiments.summarize --root ROOT`.
 """
 from __future__ import annotations
 
@@ -168,7 +168,7 @@ def run_job(name: str, cmd: list[str], workdir: str, in_process: bool = False) -
   programs earlier runs here compiled. Other commands (the lab) still get their own process."""
   if not (in_process and "mtrl_jax.main" in cmd):
     return run_one(name, cmd, workdir)
-  import inprocess
+  from experiments import inprocess
   os.makedirs(workdir, exist_ok=True)
   rc, secs = inprocess.run_argv(inprocess.argv_of(cmd), log_path=os.path.join(workdir, "log.txt"))
   return name, rc, secs
@@ -255,7 +255,7 @@ def main(argv=None) -> int:
   if failed:
     print(f"sweep: {len(failed)} failed: {', '.join(sorted(failed))}; relaunch to retry them", file=sys.stderr)
   else:
-    print(f"sweep: done; python experiments/summarize.py --root {a.root}")
+    print(f"sweep: done; python -m experiments.summarize --root {a.root}")
   print(json.dumps(rep))
   return 1 if failed else 0
 

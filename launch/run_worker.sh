@@ -8,7 +8,7 @@
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 
-ENTRY="${ENTRY:-main}"                  # main: python -m mtrl_jax.main | sweep: experiments/sweep.py
+ENTRY="${ENTRY:-main}"                  # main: python -m mtrl_jax.main | sweep: python -m experiments.sweep
 DIST="${DIST:-env}"                     # env | auto | none (see usage)
 COORDINATOR_PORT="${COORDINATOR_PORT:-8476}"
 LOG_DIR="${LOG_DIR:-${REPO_ROOT}/logs}"
@@ -18,7 +18,7 @@ METADATA="${METADATA:-1}"               # 0: never ask the GCE metadata server
 
 usage() {
   cat <<EOF
-usage: launch/run_worker.sh [ARGS for mtrl_jax.main, or for experiments/sweep.py with ENTRY=sweep]
+usage: launch/run_worker.sh [ARGS for mtrl_jax.main, or for python -m experiments.sweep with ENTRY=sweep]
 
 env:
   ENTRY=main|sweep   what to run (default main)
@@ -80,7 +80,7 @@ esac
 py="${VENV}/bin/python"
 case "${ENTRY}" in
   main) cmd=("${py}" -m mtrl_jax.main "$@" "${dist[@]+"${dist[@]}"}") ;;
-  sweep) cmd=("${py}" experiments/sweep.py "$@" --python "${py}" "${dist[@]+"${dist[@]}"}") ;;
+  sweep) cmd=("${py}" -m experiments.sweep "$@" --python "${py}" "${dist[@]+"${dist[@]}"}") ;;
   *) die "ENTRY=${ENTRY}: expected main or sweep" ;;
 esac
 

@@ -6,7 +6,7 @@ source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 
 usage() {
   cat <<EOF
-usage: launch/sweep.sh --name NAME [--attach] [--] ARGS for experiments/sweep.py
+usage: launch/sweep.sh --name NAME [--attach] [--] ARGS for python -m experiments.sweep
        launch/sweep.sh --name NAME --summarize ROOT     (prints the table, from worker 0's files)
 
   ARGS, e.g.: --config configs/grpo.py --grid 'estimator=grpo,rloo;horizon=3,6;seed=0,1' --root /data/sweep
@@ -43,7 +43,7 @@ common=(--name "${TPU_NAME}" --zone "${ZONE}" --remote_dir "${REMOTE_DIR}" --syn
 [[ -z "${PROJECT}" ]] || common+=(--project "${PROJECT}")
 if [[ -n "${SUMMARIZE}" ]]; then
   WORKERS=0 DRY_RUN="${DRY_RUN}" exec "${LAUNCH_DIR}/run_all.sh" "${common[@]}" \
-    --raw "$(quote_words "${VENV:-.venv}/bin/python" experiments/summarize.py --root "${SUMMARIZE}")"
+    --raw "$(quote_words "${VENV:-.venv}/bin/python" -m experiments.summarize --root "${SUMMARIZE}")"
 fi
 ((${#args[@]})) || { usage >&2; die "no sweep arguments (--config ... --grid ... --root ...)"; }
 ENTRY=sweep DETACH="${DETACH}" DRY_RUN="${DRY_RUN}" exec "${LAUNCH_DIR}/run_all.sh" "${common[@]}" -- "${args[@]}"

@@ -5,8 +5,8 @@ estimator with that critic. When the critic explains much less of the
 returns than the oracle critic does (train/critic_readout.py), a poor sign
 agreement is the critic's failure, not the estimator's, so the row is not a
 fair test. The bar is train/critic_bar.py's (one rule for every user): the
-critic's explained variance >= 0.8 x the oracle's, judged as report.py's
-cell_critic judges it, on the ratio's 95% session-bootstrap interval
+critic's explained variance >= 0.8 x the oracle's, judged as the study's
+report judges it, on the ratio's 95% session-bootstrap interval
 (critic_readout.ev_intervals): "yes" when its lower end is >= the bar, "no"
 when its upper end is below it, "uncertain" when it straddles it (tested,
 and said). Where the interval has no ends (most bootstrap draws with an

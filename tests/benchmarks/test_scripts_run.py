@@ -1,7 +1,8 @@
 """Every script in benchmarks/ and experiments/ runs the way a user runs it.
 
-`python benchmarks/X.py ...` from the repository root, in a fresh empty
-workdir, at its smallest size, in a subprocess with a clean environment (one
+`python benchmarks/X.py ...` (a script of a plain folder) or `python -m
+experiments.X ...` (a module of the experiments package, or a package's
+`__main__.py`) from the repository root, in a fresh empty workdir, at its smallest size, in a subprocess with a clean environment (one
 CPU device, not the suite's 8 fake ones): it must exit 0 and print its JSON
 line last. Importing a script's functions (what the other tests do) cannot
 see what only running it shows: a script's folder comes first on sys.path, so
@@ -42,7 +43,8 @@ RUNS = {
     "benchmarks/async_rl.py": (["--workdir", "{w}", "--seeds", "0", "--updates", "2", "--eval_every", "1",
                                 "--eval_tasks", "8", "--sft_steps", "5", "--warmup", "0", "--actors", "2",
                                 "--tasks", "2", "--group", "2"], True),
-    "experiments/study.py": (["--root", "{w}", "--only", "E1", "--seeds", "1", "--dry_run"], False),
+    "experiments/study/__main__.py": (["--root", "{w}", "--only", "E1", "--seeds", "1", "--dry_run"], False),
+    "experiments/study/readme.py": (["--check"], False),
     "benchmarks/rollout.py": (["--tasks", "2", "--group", "2", "--rows", "2", "--reps", "1", "--dim", "32",
                                "--layers", "1", "--max_turns", "2", "--budget", "16", "--latency_ms", "1",
                                "--prompt_chars", "40"], True),
@@ -56,13 +58,13 @@ RUNS = {
     # slow: every probe's ceiling, sokoban's room generation most of it (63 s of the quick tier at
     # load 10); the command in process on two probes, quick tier:
     # tests/experiments/test_report.py::test_ceilings_command_writes_a_record_per_probe_and_prints_them
-    "experiments/records.py": (["--ceilings", "--out", "{w}"], True),
+    "experiments/study/records.py": (["--ceilings", "--out", "{w}"], True),
 }
 # Run from a copy of the repository: mutmut writes mutants/ into the folder it runs in.
 MUTATION = ["aaw", "--tests", "tests/credit/test_aaw.py", "--max-examples", "1"]
 # A module outside credit/ with its default tests (no JAX: a forked child per mutant).
 MUTATION_QUEUE = ["rollout/staleness_queue", "--only", "*group_min_version*"]
-CHAINED = {"experiments/sweep.py", "experiments/summarize.py", "experiments/plot.py", "experiments/report.py",
+CHAINED = {"experiments/sweep.py", "experiments/summarize.py", "experiments/plot.py", "experiments/study/report.py",
            "benchmarks/mutation.py",
            # run the same way (subprocess, fresh workdir, JSON keys checked) in its own test:
            # tests/benchmarks/test_tree_bench.py::test_tree_benchmark_json_line
@@ -83,32 +85,51 @@ def user_env() -> dict:
   return env
 
 
+def invocation(script: str) -> list[str]:
+  """How a user runs it: a module of a package (a folder with __init__.py) with `-m`, else by its path."""
+  folder, name = os.path.split(script)
+  if not os.path.exists(os.path.join(REPO, folder, "__init__.py")):
+    return [sys.executable, script]
+  module = folder.replace("/", ".") if name == "__main__.py" else f"{folder.replace('/', '.')}.{name[:-3]}"
+  return [sys.executable, "-m", module]
+
+
 def run_script(script: str, args: list[str], cwd: str = REPO, timeout: int = 1200) -> dict:
-  p = subprocess.run([sys.executable, script, *args], cwd=cwd, env=user_env(), capture_output=True,
+  p = subprocess.run([*invocation(script), *args], cwd=cwd, env=user_env(), capture_output=True,
                      text=True, timeout=timeout)
   assert p.returncode == 0, f"{script} exited {p.returncode}:\n{p.stderr[-4000:]}"
   last = p.stdout.strip().splitlines()[-1]
   return json.loads(last)
 
 
+def _is_package(d: str) -> bool:
+  return os.path.exists(os.path.join(REPO, d, "__init__.py"))
+
+
 def scripts() -> list[str]:
-  """Every .py file with a `__main__` block in the script folders."""
+  """Every .py file with a `__main__` block, and every package's `__main__.py`, in the script folders
+  (a package's subpackages included)."""
   out = []
   for d in SCRIPT_DIRS:
-    folder = os.path.join(REPO, d)
-    for f in sorted(os.listdir(folder)) if os.path.isdir(folder) else []:
-      if f.endswith(".py") and '__name__ == "__main__"' in open(os.path.join(folder, f)).read():
-        out.append(f"{d}/{f}")
+    for root, dirs, files in sorted(os.walk(os.path.join(REPO, d))):
+      rel = os.path.relpath(root, REPO)
+      dirs[:] = sorted(x for x in dirs if _is_package(os.path.join(rel, x)))  # only a package's own packages
+      for f in sorted(files):
+        if f.endswith(".py") and (f == "__main__.py" or '__name__ == "__main__"' in open(os.path.join(root, f)).read()):
+          out.append(f"{rel}/{f}")
   return out
 
 
 def test_no_script_shadows_an_importable_module():
-  """A module in a script folder named like a stdlib module or an installed top-level package."""
+  """A module in a plain script folder, or a script package itself, named like a stdlib module or an
+  installed top-level package (a package's own modules are run with -m from the repository root: their
+  folder is never first on sys.path)."""
   installed = {m.name for m in pkgutil.iter_modules() if not os.path.abspath(str(getattr(m.module_finder, "path",
                                                                                           ""))).startswith(REPO)}
   taken = installed | set(sys.stdlib_module_names)
-  bad = [f"{d}/{f}" for d in SCRIPT_DIRS if os.path.isdir(os.path.join(REPO, d))
+  bad = [f"{d}/{f}" for d in SCRIPT_DIRS if os.path.isdir(os.path.join(REPO, d)) and not _is_package(d)
          for f in os.listdir(os.path.join(REPO, d)) if f.endswith(".py") and f[:-3] in taken]
+  bad += [d for d in SCRIPT_DIRS if _is_package(d) and d in taken]
   assert not bad, f"these scripts shadow an importable module of the same name: {bad}"
 
 
@@ -172,12 +193,13 @@ def test_sweep_summarize_plot(tmp_path):
 
 
 def test_report_on_a_study_root(tmp_path):
-  """experiments/report.py as a user runs it, over a folder of synthetic per-run records (the
-  committed fixture's writer; the records of real runs are written by study.py, tested elsewhere)."""
+  """The study's report as a user runs it (python -m experiments.study.report), over a folder of synthetic
+  per-run records (the committed fixture's writer; the records of real runs are written by the study's
+  runner, tested elsewhere)."""
   sys.path.insert(0, os.path.join(REPO, "tests", "experiments"))
   from test_report import write_fixture  # noqa: E402
   write_fixture(str(tmp_path / "records"))
-  out = run_script("experiments/report.py", ["--records", str(tmp_path / "records"), "--out",
+  out = run_script("experiments/study/report.py", ["--records", str(tmp_path / "records"), "--out",
                                        str(tmp_path / "docs" / "STUDY.md"), "--figdir", str(tmp_path / "figs")])
   text = (tmp_path / "docs" / "STUDY.md").read_text()
   assert out["runs"] > 0 and out["experiments"], out

@@ -1,7 +1,7 @@
 """One name, one estimator variant: a name both the lab (mtrl_jax/lab/variants.py) and the study
 (configs/study.py ARMS) use means the same registry estimator with the same hyper-parameters."""
 from configs import study
-from experiments import study as study_runner
+from experiments.study import plan as study_runner
 from mtrl_jax.credit import registry
 from mtrl_jax.lab.variants import lab_estimators
 

@@ -1,4 +1,4 @@
-"""docs/STUDY.md is what experiments/report.py makes of the committed records in docs/study/.
+"""docs/STUDY.md is what the study's report (experiments/study/report.py) makes of the committed records in docs/study/.
 
 The study's verdicts live in per-run records in the repo; STUDY.md is generated from them. This test
 regenerates it from those records alone (into a temporary folder, with the committed file's date line)
@@ -7,15 +7,13 @@ regenerating the report fails it. Breaks checked: one record's final success edi
 cell's mean and its comparisons change), a record deleted, STUDY.md's headline edited by hand.
 """
 import glob
-import importlib.util
 import os
 import re
 import shutil
 
+from experiments.study import report
+
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-_spec = importlib.util.spec_from_file_location("experiments_report_c", os.path.join(REPO, "experiments", "report.py"))
-report = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(report)
 
 
 def test_study_md_regenerates_from_the_committed_records(tmp_path):
@@ -27,4 +25,4 @@ def test_study_md_regenerates_from_the_committed_records(tmp_path):
     shutil.copy(png, figdir)
   out = tmp_path / "docs" / "STUDY.md"
   report.report(os.path.join(REPO, "docs", "study"), str(out), str(figdir), date=date, figures=False)
-  assert out.read_text() == committed, "docs/STUDY.md is stale: run python experiments/report.py"
+  assert out.read_text() == committed, "docs/STUDY.md is stale: run python -m experiments.study.report"

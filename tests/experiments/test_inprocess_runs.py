@@ -267,8 +267,7 @@ def test_sweep_in_process_runs_the_commands_it_would_launch(tmp_path, monkeypatc
   (config with the grid point, overrides, workdir), one run per grid point, each logging to its
   workdir's log.txt. Catches a flag dropped on the in-process path (checked: the workdir) and
   runs still launched as processes (checked: --in_process ignored)."""
-  import inprocess
-  import sweep
+  from experiments import inprocess, sweep
   got = []
   monkeypatch.setattr(inprocess, "run_argv", lambda argv, log_path=None: (got.append((argv, log_path)), (0, 0.0))[1])
   monkeypatch.setattr(sweep, "run_one", lambda *a: pytest.fail("a subprocess was launched"))
@@ -289,11 +288,10 @@ def test_study_in_process_runs_main_jobs_here_and_the_lab_in_its_own_process(tmp
   """The study's pool with in_process: a main-job command runs through the in-process runner with
   its flags, a lab command (not the main job) still as a process; finished runs get wall.json.
   Catches the lab pushed through the main-job runner, or in_process ignored."""
-  import inprocess
-  import study
+  from experiments import inprocess, sweep
+  from experiments.study import runner
   ran_here, ran_apart = [], []
   monkeypatch.setattr(inprocess, "run_argv", lambda argv, log_path=None: (ran_here.append(argv), (0, 1.5))[1])
-  import sweep
 
   def run_one(name, cmd, workdir):  # a process's run, recorded
     os.makedirs(workdir, exist_ok=True)
@@ -305,7 +303,7 @@ def test_study_in_process_runs_main_jobs_here_and_the_lab_in_its_own_process(tmp
   jobs = [("run", ["py", "-m", "mtrl_jax.main", "--config=configs/study.py:x", f"--workdir={main_wd}"], main_wd),
           ("lab", ["py", "-m", "mtrl_jax.lab.credit_accuracy", "--config=configs/lab.py", f"--workdir={lab_wd}"],
            lab_wd)]
-  assert study._pool(jobs, 1, "run", in_process=True) == []
+  assert runner._pool(jobs, 1, "run", in_process=True) == []
   assert ran_here == [["--config=configs/study.py:x", f"--workdir={main_wd}"]]
   assert ran_apart == [jobs[1][1]]
   with open(os.path.join(main_wd, "wall.json")) as f:

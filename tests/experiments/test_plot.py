@@ -1,5 +1,4 @@
 """experiments/{plot,sweep,summarize}.py on synthetic metrics; launch/*.sh under DRY_RUN=1."""
-import importlib.util
 import json
 import os
 import shlex
@@ -8,20 +7,12 @@ import sys
 
 import pytest
 
+from experiments import plot, summarize, sweep
 from mtrl_jax.metrics import MetricsWriter
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 LAUNCH = os.path.join(REPO, "launch")
 
-
-def _load(name):
-  spec = importlib.util.spec_from_file_location(f"experiments_{name}", os.path.join(REPO, "experiments", f"{name}.py"))
-  mod = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(mod)
-  return mod
-
-
-plot, sweep, summarize = _load("plot"), _load("sweep"), _load("summarize")
 
 
 def write_run(workdir, *, steps=6, eval_every=2, final=(0.75, 0.6), tokens_per_step=100.0, start=0):
@@ -97,9 +88,9 @@ def test_plot_writes_png_for_one_and_several_runs(tmp_path, capsys):
 
 def test_plot_cli_and_bad_workdir(tmp_path):
   one = write_run(tmp_path / "a")
-  res = subprocess.run([sys.executable, os.path.join(REPO, "experiments", "plot.py"), "--workdir",
+  res = subprocess.run([sys.executable, "-m", "experiments.plot", "--workdir",
                         str(tmp_path / "*"), "--out", str(tmp_path / "glob.png")],
-                       capture_output=True, text=True, timeout=60)
+                       cwd=REPO, capture_output=True, text=True, timeout=60)
   assert res.returncode == 0, res.stderr
   assert res.stdout.strip().splitlines()[0] == str(tmp_path / "glob.png") and os.path.getsize(tmp_path / "glob.png") > 0
   with pytest.raises(SystemExit, match="no workdir matches"):
@@ -263,7 +254,7 @@ def test_run_worker_fills_distributed_flags_and_names_its_log(tmp_path):
   # Old-style metadata triples, the sweep entry, and one host: no distributed flags.
   env = {"WORKER_ID": "1", "TPU_WORKER_HOSTNAMES": "a:0:10.0.0.1,b:1:10.0.0.2", "SKIP_SETUP": "1", "ENTRY": "sweep"}
   out = _launch("run_worker.sh", "--root", "/s", env=env, tmp_path=tmp_path).stdout
-  assert "--config.distributed.coordinator_address=10.0.0.1:8476" in out and "experiments/sweep.py" in out
+  assert "--config.distributed.coordinator_address=10.0.0.1:8476" in out and "-m experiments.sweep" in out
   out = _launch("run_worker.sh", "--workdir=/w", env={"SKIP_SETUP": "1", "LOG_DIR": "/l"}, tmp_path=tmp_path).stdout
   assert "worker 0 of 0 host(s); log /l/worker-0.log" in out and "--config.distributed" not in out
   assert "distributed.auto=true" in _launch("run_worker.sh", env={"SKIP_SETUP": "1", "DIST": "auto"},

@@ -1,32 +1,37 @@
-"""experiments/report.py and experiments/records.py: STUDY.md from per-run records alone.
+"""The study's report and records (experiments/study/): STUDY.md from per-run records alone.
 
 The fixture (docs/study/fixture/, written by `write_fixture` below) holds synthetic records of the
-study's four experiments of this round at seeds 0-3, built so that each verdict word appears:
+study's four experiments of this round at seeds 0-3, built so that each verdict word appears, and so
+that every experiment has mixed controls: one that separates and one that does not (delayed: h2 and h8
+separate, h32 does not; revisit: h4 separates, h16 does not):
 
   E1   not reproduced  gae_lambda1 (0.62) below gae_lambda0.95 (0.70) at h2 on every seed; at h32 the
                        control does not separate, so h32's tie is underpowered (not inconclusive)
-  E4   reproduced      gae_decoupled +0.10 over gae_lambda0.95 at every horizon
-  E3   inconclusive    vp on = vp off at h2 and h8 (h32's vp off not run), the shuffled control far below
-  E6   underpowered    revisit: every arm and the shuffled control at 0.10 (+ seed effects)
+  E4   reproduced      gae_decoupled +0.10 over gae_lambda0.95 at h2 and h8 (h32's gae_decoupled not
+                       run: not tested there)
+  E3   inconclusive    vp on = vp off at h2 and h8, their controls far apart; vp off at h32 0.40 below
+                       vp on with a wide per-seed spread (reproduced, with the largest MDE: the
+                       experiment's MDE is over its unresolved claims, h2 and h8, and h32's control
+                       not separating does not make the experiment underpowered: its claim is resolved)
+  E6   underpowered    revisit: every arm at 0.30 (+ seed effects); the shuffled control at 0.20 at h4
+                       (separates: h4's ties are inconclusive) and 0.30 at h16 (does not: h16's ties are
+                       underpowered, and so is the experiment: a control that did not separate decides)
   E2, E5               cut from this round (no records)
 
 Every value is base(cell) + a seed effect shared by all arms (sd 0.08) + a residual of sd 0.005:
 the per-arm intervals of two cells 0.05 apart overlap, their paired differences do not.
 """
-import importlib.util
 import json
 import os
+import re
 
 import numpy as np
 import pytest
 
+from experiments.study import plan as study
+from experiments.study import records, report, stats
+
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-_spec = importlib.util.spec_from_file_location("experiments_report", os.path.join(REPO, "experiments", "report.py"))
-report = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(report)
-import records  # noqa: E402  (report.py put experiments/ on sys.path)
-import stats  # noqa: E402
-import study  # noqa: E402
 
 FIXTURE = os.path.join(REPO, "docs", "study", "fixture")
 SEEDS = (0, 1, 2, 3)
@@ -38,10 +43,13 @@ BASE = {  # cell name -> final success (and AUC) before the seed effect
     # h32's control does not separate (its shuffled arm at ms_grpo's 0.80): its claims are underpowered
     **{E1.cell(f"{arm} h{h}").name: {("gae_lambda1", 2): 0.62, ("ms_grpo shuffled", 32): 0.80}.get((arm, h), v)
        for h in study.HORIZONS for arm, v in DELAYED.items()},
-    **{E3.cell(f"gae_lambda0.95 vp=off h{h}").name: 0.70 for h in (2, 8)},  # = vp on; h32 not run
-    **{E4.cell(f"policy 0.95 critic 1.0 h{h}").name: 0.80 for h in study.HORIZONS},  # gae_decoupled
-    **{c.name: 0.10 for c in E6.cells},
+    **{E3.cell(f"gae_lambda0.95 vp=off h{h}").name: {32: 0.30}.get(h, 0.70) for h in study.HORIZONS},  # h2, h8 = vp on
+    **{E4.cell(f"policy 0.95 critic 1.0 h{h}").name: 0.80 for h in (2, 8)},  # gae_decoupled; h32 not run
+    # revisit: h4's control separates (its shuffled arm 0.10 below), h16's does not (equal)
+    **{c.name: 0.20 if c.label == "ms_grpo shuffled h4" else 0.30 for c in E6.cells},
 }
+# A cell's own per-seed offsets on top of the shared seed effect (a claim with a wide MDE)
+SPREAD = {E3.cell("gae_lambda0.95 vp=off h32").name: (0.0, 0.04, -0.03, 0.02)}
 EXPECTED = {"E1": "not reproduced", "E3": None, "E4": "reproduced", "E6": "underpowered (control did not separate)",
             "E2": "cut", "E5": "cut"}
 
@@ -68,7 +76,7 @@ def write_fixture(out: str, base: dict = BASE, critic_ev: float = 0.5) -> None:
   rng = np.random.default_rng(0)
   for cell, v in sorted(base.items()):
     for seed in SEEDS:
-      value = float(np.clip(v + SEED_EFFECT[seed] + rng.normal(0, 0.005), 0, 1))
+      value = float(np.clip(v + SEED_EFFECT[seed] + SPREAD.get(cell, (0,) * 4)[seed] + rng.normal(0, 0.005), 0, 1))
       records.write(out, fake_run(cell, seed, round(value, 4)))
   for h in study.HORIZONS:
     records.write(out, fake_critic(f"probe=delayed,horizon={h}", critic_ev, 0.55))
@@ -81,7 +89,6 @@ def write_fixture(out: str, base: dict = BASE, critic_ev: float = 0.5) -> None:
 def seeds4(monkeypatch):
   import dataclasses
   monkeypatch.setattr(report, "EXPERIMENTS", tuple(dataclasses.replace(e, seeds=SEEDS) for e in study.EXPERIMENTS))
-  monkeypatch.setattr(report, "SEEDS", SEEDS)
 
 
 def run_report(tmp_path, records_dir, figures=False):
@@ -107,9 +114,9 @@ def test_the_fixture_regenerates_with_the_same_verdicts(tmp_path, seeds4):
   assert res["experiments"]["E3"]["controls"] == {f"ms_grpo h{h} > ms_grpo shuffled h{h}": h != 32 for h in study.HORIZONS}
   assert res["experiments"]["E1"]["comparisons"]["gae_lambda1 h32 > gae_lambda0.95 h32"].startswith("underpowered")
   assert res["experiments"]["E1"]["comparisons"]["gae_lambda1 h8 > gae_lambda0.95 h8"].startswith("inconclusive")
-  assert res["experiments"]["E3"]["comparisons"]["gae_lambda0.95 vp=on h32 > gae_lambda0.95 vp=off h32"].startswith(
-      "not tested (no records of `gae_lambda0.95 vp=off h32`")
-  assert res["experiments"]["E6"]["controls"] == {f"ms_grpo h{h} > ms_grpo shuffled h{h}": False
+  assert res["experiments"]["E4"]["comparisons"]["policy 0.95 critic 1.0 h32 > policy 0.95 critic 0.95 h32"].startswith(
+      "not tested (no records of `policy 0.95 critic 1.0 h32`")
+  assert res["experiments"]["E6"]["controls"] == {f"ms_grpo h{h} > ms_grpo shuffled h{h}": h == 4
                                                   for h in study.E6_HORIZONS}
   assert res["experiments"]["E1"]["comparisons"]["ms_grpo h8 > gae_lambda0.95 h8"] == "reproduced"
   assert res["experiments"]["E1"]["comparisons"]["gae_lambda1 h2 > gae_lambda0.95 h2"] == "not reproduced"
@@ -197,7 +204,7 @@ def test_record_of_a_run_folder(tmp_path):
   assert records.run_record(str(wd), "c", 3, {}) is None  # no final eval stage yet
   with open(wd / "metrics.jsonl", "a") as f:
     f.write(json.dumps({"step": 4, "stage": "eval", "eval/success": 0.875, "eval/return": 0.7}) + "\n")
-  rec = records.run_record(str(wd), "c", 3, {"arm": "grpo"}, sha="abc")
+  rec = records.run_record(str(wd), "c", 3, {"arm": "grpo"}, prov={"commit": "abc", "dirty": False, "tree": None})
   assert [(e["step"], e["success"]) for e in rec["evals"]] == [(0, 0.5), (4, 0.9), ("final", 0.875)]
   assert rec["final"] == {"success": 0.875, "return": 0.7} and rec["commit"] == "abc"
   assert rec["auc"] == pytest.approx(stats.auc([100, 200, 300, 400], [0.25, 0.5, 0.75, 1.0]))
@@ -220,11 +227,11 @@ def test_ceiling_is_the_expert_policy_success():
 
 
 def test_ceilings_command_writes_a_record_per_probe_and_prints_them(tmp_path, monkeypatch, capsys):
-  """`records.py --ceilings` in process on two cheap probes (the script run itself, every probe with
+  """`python -m experiments.study.records --ceilings` in process on two cheap probes (the script run itself, every probe with
   sokoban's room generation most of its ~20 CPU seconds, is slow tier: tests/benchmarks/test_scripts_run.py).
   Catches the command not writing one ceiling record per probe where `load` finds it, or not printing
   the paths as its JSON line."""
-  monkeypatch.setattr(study, "PROBES", (("bifurcation", 2), ("bifurcation", 8)))
+  monkeypatch.setattr(records, "PROBES", (("bifurcation", 2), ("bifurcation", 8)))
   out = str(tmp_path / "out")
   n = records.main(["--ceilings", "--out", out])
   assert json.loads(capsys.readouterr().out.strip().splitlines()[-1]) == n
@@ -259,3 +266,93 @@ def test_identical_arms_read_no_difference_not_an_mde_of_zero(tmp_path, seeds4):
   res, _ = run_report(tmp_path, rec)
   got = res["experiments"]["E4"]["comparisons"]["policy 0.95 critic 1.0 h2 > policy 0.95 critic 0.95 h2"]
   assert got.startswith("inconclusive (MDE ") and got != "inconclusive (MDE 0.000)", got
+
+
+def test_mixed_controls_the_one_that_did_not_separate_decides(tmp_path, seeds4):
+  """Every experiment of the fixture has mixed controls (one separates, one does not). A claim is judged
+  with its own horizon's control; an experiment whose unresolved claims rest on both reads "underpowered":
+  a control that did not separate outweighs one that did. Break checked: the precedence in
+  experiment_verdict flipped (a separating control first): E6 reads "inconclusive (MDE ...)"."""
+  res, text = run_report(tmp_path, FIXTURE)
+  for eid in ("E1", "E3", "E4", "E6"):
+    assert sorted(set(res["experiments"][eid]["controls"].values())) == [False, True], eid
+  e6 = res["experiments"]["E6"]
+  assert e6["verdict"] == "underpowered (control did not separate)"
+  for a, b in (("gigpo", "ms_grpo"), ("hgpo", "gigpo")):
+    assert e6["comparisons"][f"{a} h4 > {b} h4"].startswith("inconclusive (MDE "), e6["comparisons"]
+    assert e6["comparisons"][f"{a} h16 > {b} h16"] == "underpowered (control did not separate)"
+  assert "`ms_grpo h4` vs `ms_grpo shuffled h4`: separates" in text
+  assert "`ms_grpo h16` vs `ms_grpo shuffled h16`: **does not separate**" in text
+
+
+# Every word a verdict can start with: an experiment's and a claim's ("cut" and "not run" are an
+# experiment's only). A word the report learns to say needs a fixture here.
+CLAIM_WORDS = ("reproduced", "not reproduced", "underpowered", "inconclusive", "not tested", "no difference")
+EXPERIMENT_WORDS = CLAIM_WORDS + ("cut", "not run")
+
+
+def _word(verdict: str) -> str:
+  return max((w for w in EXPERIMENT_WORDS if verdict.startswith(w)), key=len)
+
+
+def test_every_verdict_word_is_reached_by_a_fixture(tmp_path, seeds4):
+  """The fixture and three variants of it (critics below the bar; E4's two arms identical; E6's records
+  removed) reach every verdict word, for experiments and for single claims. Catches a word the report
+  can no longer reach (e.g. the control ignored: no "underpowered"), and, with the list above, a new word
+  without a fixture."""
+  variants = {"fixture": str(FIXTURE)}
+  for name, kw in (("weak critic", {"critic_ev": 0.02}), ("identical", {}), ("no E6", {})):
+    variants[name] = str(tmp_path / name)
+    write_fixture(variants[name], **kw)
+  for h in study.HORIZONS:  # E4's decoupled corner a copy of the shared 0.95
+    for rec in records.load(variants["identical"])["runs"].values():
+      if rec["cell"] == E4.cell(f"policy 0.95 critic 0.95 h{h}").name:
+        records.write(variants["identical"], {**rec, "cell": E4.cell(f"policy 0.95 critic 1.0 h{h}").name})
+  for c in E6.cells:
+    for p in (tmp_path / "no E6" / "runs" / c.name).glob("*.json"):
+      p.unlink()
+  exp_words, claim_words = set(), set()
+  for name, rec in variants.items():
+    res, _ = run_report(tmp_path / f"out {name}", rec)
+    for e in res["experiments"].values():
+      exp_words.add(_word(e["verdict"]))
+      claim_words |= {_word(v) for v in e.get("comparisons", {}).values()}
+  assert exp_words == set(EXPERIMENT_WORDS), set(EXPERIMENT_WORDS) - exp_words
+  assert claim_words == set(CLAIM_WORDS), set(CLAIM_WORDS) - claim_words
+
+
+def _mde_of(text: str, comparison: str) -> float:
+  """The larger of a comparison's two metric MDEs, from its rows of the paired-test table."""
+  rows = [x.split("|") for x in text.splitlines() if x.startswith(f"| {comparison} | ")]
+  return max(float(r[8]) for r in rows)
+
+
+def test_the_headline_lists_each_claims_verdicts_and_the_mde_of_the_unresolved_ones(tmp_path, seeds4):
+  """Each experiment's headline lists its claims' verdicts by horizon; the experiment's MDE is the largest
+  over its unresolved claims only, and only their controls can make it underpowered. E3 (as the study's
+  own E3: reproduced at the horizon with the widest MDE) reads inconclusive at h2/h8's MDE, not h32's.
+  Breaks checked: the MDE taken over every tested claim (E3 printed h32's MDE, as issue 41 found in
+  STUDY.md); the controls of resolved claims counted (E3 'underpowered': h32's control does not
+  separate); the headline's horizons grouped per word wrongly; the key number of the wrong metric or
+  sign (B - A)."""
+  res, text = run_report(tmp_path, FIXTURE)
+  e3 = res["experiments"]["E3"]
+  claim = "gae_lambda0.95 vp=on h{} > gae_lambda0.95 vp=off h{}"
+  assert e3["comparisons"][claim.format(32, 32)] == "reproduced"
+  open_mdes = [_mde_of(text, claim.format(h, h)) for h in (2, 8)]
+  assert max(open_mdes) * 2 < _mde_of(text, claim.format(32, 32))  # the reproduced claim's MDE is the widest
+  assert e3["verdict"] == f"inconclusive (MDE {max(open_mdes):.3f})"
+  mde2, mde8 = (e3["comparisons"][claim.format(h, h)][len("inconclusive (MDE "):-1] for h in (2, 8))
+  head = text.split("<!-- headline -->")[1].split("<!-- /headline -->")[0]
+  # the key number of a resolved claim: its paired mean difference on the metric that decided it
+  row = next(x for x in text.splitlines() if x.startswith(f"| {claim.format(32, 32)} | final |"))
+  d32 = float(row.split("|")[4].split("[")[0])
+  assert d32 == pytest.approx(0.40, abs=0.02)
+  assert (f"- **E3** Value pretraining: **{e3['verdict']}**\n  - `gae_lambda0.95 vp=on` > `gae_lambda0.95 vp=off`: "
+          f"reproduced at H 32 (final {d32:+.3f}); inconclusive at H 2, 8 (MDE {mde2}, {mde8})\n") in head
+  assert re.search(r"  - `policy 0.95 critic 1.0` > `policy 0.95 critic 0.95`: reproduced at H 2, 8 "
+                   r"\(final \+0\.1\d\d, \+0\.(09|10)\d\); not tested at H 32\n", head), head
+  assert "  - `gae_lambda1` > `gae_lambda0.95`: not reproduced at H 2 (final -0.0" in head
+  assert "; inconclusive at H 8 (MDE " in head
+  assert "; underpowered at H 32\n" in head and "  - `hgpo` > `gigpo`: inconclusive at H 4 (MDE " in head
+  assert e3["claims"] == [x[4:] for x in head.splitlines() if x.startswith("  - `gae_lambda0.95 vp=on`")]

@@ -1,5 +1,5 @@
-"""experiments/report.py judges the 0.8 bar on the ratio's interval (critic EV / oracle EV), and
-experiments/records.py keeps the interval's ends from value pretraining's final readout.
+"""The study's report (experiments/study/verdicts.py, tables.py) judges the 0.8 bar on the ratio's interval
+(critic EV / oracle EV) with the package's rule (mtrl_jax/train/critic_bar.py), and records.py keeps the interval's ends from value pretraining's final readout.
 
 "yes": the interval's lower end >= 0.8; "no": its upper end < 0.8 (the comparisons relying on the
 critic are not tested, the interval said); "uncertain": it straddles 0.8 (tested, the interval said).
@@ -11,12 +11,8 @@ import os
 
 import pytest
 
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-_spec = importlib.util.spec_from_file_location("experiments_report_bar", os.path.join(REPO, "experiments", "report.py"))
-report = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(report)
-import records  # noqa: E402  (report.py put experiments/ on sys.path)
-import study  # noqa: E402
+from experiments.study import plan as study
+from experiments.study import records, report, tables, verdicts
 
 _tr = importlib.util.spec_from_file_location("test_report_fixture", os.path.join(os.path.dirname(__file__),
                                                                                   "test_report.py"))
@@ -44,7 +40,7 @@ def crit_of(r, warm=CELL.warm):
 
 
 def cs_of(r):
-  return {"A": {"recs": {0: {}}, "critic": report.cell_critic(CELL, crit_of(r)),
+  return {"A": {"recs": {0: {}}, "critic": verdicts.cell_critic(CELL, crit_of(r)),
                 "critic_rl": {"explained_variance": [], "oracle_explained_variance": []}}}
 
 
@@ -55,7 +51,7 @@ def test_the_bar_is_judged_on_the_ratios_interval(ends, bar):
 
   Break caught: the bar judged on the point ratio when an interval exists (every case reads "yes"),
   or on the wrong end ((0.70, 0.90) read "yes" on the upper end)."""
-  c = report.cell_critic(CELL, crit_of(readout(0.36, 0.40, ends)))
+  c = verdicts.cell_critic(CELL, crit_of(readout(0.36, 0.40, ends)))
   assert c["interval"] and c["bar"] == bar
   assert (c["ratio_lo"], c["ratio_hi"]) == pytest.approx(ends)
   assert c["ratio"] == pytest.approx(0.9) and c["sessions"] == 2048
@@ -66,11 +62,11 @@ def test_old_records_fall_back_to_the_point_ratio():
   """A record without ends: judged on the point ratio, and said so.
 
   Break caught: an old record treated as "uncertain" or crashing on the missing keys."""
-  c = report.cell_critic(CELL, crit_of(readout(0.36, 0.40)))
+  c = verdicts.cell_critic(CELL, crit_of(readout(0.36, 0.40)))
   assert not c["interval"] and c["bar"] == "yes"
-  c = report.cell_critic(CELL, crit_of(readout(0.02, 0.55)))
+  c = verdicts.cell_critic(CELL, crit_of(readout(0.02, 0.55)))
   assert c["bar"] == "no"
-  why = report.untested_because(cs_of(readout(0.02, 0.55)), "A")
+  why = verdicts.untested_because(cs_of(readout(0.02, 0.55)), "A")
   assert why.startswith("`A`'s critic EV 0.02 = 0.04 x the oracle's 0.55 (point ratio: the record has no interval)")
 
 
@@ -81,15 +77,15 @@ def test_no_makes_the_comparison_untested_with_the_interval_and_uncertain_leaves
   Break caught: "uncertain" treated as "no" (the comparison untested), or "no" decided by the point
   ratio (0.9 here: the comparison would be tested)."""
   no = cs_of(readout(0.36, 0.40, (0.60, 0.79)))
-  assert report.untested_because(no, "A") == ("`A`'s critic EV 0.36 = 0.90 [95% 0.60, 0.79] x the oracle's 0.40 "
+  assert verdicts.untested_because(no, "A") == ("`A`'s critic EV 0.36 = 0.90 [95% 0.60, 0.79] x the oracle's 0.40 "
                                               "(bar: 0.8 x the oracle's EV before RL)")
-  assert report.untested_because(no, "A", uncertain=True) is None
+  assert verdicts.untested_because(no, "A", uncertain=True) is None
   maybe = cs_of(readout(0.36, 0.40, (0.70, 0.90)))
-  assert report.untested_because(maybe, "A") is None
-  assert report.untested_because(maybe, "A", uncertain=True) == (
+  assert verdicts.untested_because(maybe, "A") is None
+  assert verdicts.untested_because(maybe, "A", uncertain=True) == (
       "`A`'s critic EV 0.36 = 0.90 [95% 0.70, 0.90] x the oracle's 0.40: the ratio's interval straddles the "
       "bar (0.8), so the critic may be below it")
-  assert report.untested_because(cs_of(readout(0.36, 0.40, (0.82, 0.95))), "A", uncertain=True) is None
+  assert verdicts.untested_because(cs_of(readout(0.36, 0.40, (0.82, 0.95))), "A", uncertain=True) is None
 
 
 def test_tables_say_the_intervals():
@@ -97,14 +93,14 @@ def test_tables_say_the_intervals():
   judgement word; an old record is marked (point).
 
   Break caught: the tables still judging "at the bar" on the point ratio (the uncertain row reads yes)."""
-  text = report.critic_table(cs_of(readout(0.36, 0.40, (0.70, 0.90))))
+  text = tables.critic_table(cs_of(readout(0.36, 0.40, (0.70, 0.90))))
   assert "| A | 1 of 1 | 0.36 [0.34, 0.38] | 0.40 [0.37, 0.43] | 0.90 [0.70, 0.90] | uncertain (0 of 1 seeds) | 2048 |" in text
   assert "records hold no per-session data" not in text
-  old = report.critic_table(cs_of(readout(0.36, 0.40)))
+  old = tables.critic_table(cs_of(readout(0.36, 0.40)))
   assert "| A | 1 of 1 | 0.36 | 0.40 | 0.90 (point) | yes (1 of 1 seeds) | — |" in old
   warm = "probe=delayed,horizon=8"
   crit = {**crit_of(readout(0.36, 0.40, (0.60, 0.79)), warm), **crit_of(readout(0.36, 0.40), warm + "x")}
-  text = report.critic_warm_table(crit)
+  text = tables.critic_warm_table(crit)
   assert ("| delayed | 8 | 0 | 160 | 2048 | 0.360 [0.340, 0.380] | 0.400 [0.370, 0.430] | 0.900 [0.600, 0.790] | "
           "0.300 | 0.350 | **no** |") in text
   assert "| 0.900 | 0.300 | 0.350 | yes (point) |" in text
@@ -120,7 +116,6 @@ def test_the_report_tests_a_comparison_whose_critic_is_uncertain(tmp_path, monke
   import dataclasses
   monkeypatch.setattr(report, "EXPERIMENTS", tuple(dataclasses.replace(e, seeds=fixture.SEEDS)
                                                    for e in study.EXPERIMENTS))
-  monkeypatch.setattr(report, "SEEDS", fixture.SEEDS)
   got = {}
   for name, ends in (("uncertain", (0.75, 0.98)), ("no", (0.55, 0.78))):
     rec = tmp_path / name
@@ -152,11 +147,11 @@ def test_critic_record_keeps_the_intervals(tmp_path):
   final = {"step": 21, "stage": "value_pretrain", "value_pretrain/final": 1.0,
            **{f"value_pretrain/{k}": v for k, v in readout(0.36, 0.40, (0.7, 0.9), sessions=4096).items()}}
   (tmp_path / "metrics.jsonl").write_text(json.dumps(final) + "\n")
-  rec = records.critic_record(str(tmp_path), "probe=delayed,horizon=8,critic,seed=0", sha="x")
+  rec = records.critic_record(str(tmp_path), "probe=delayed,horizon=8,critic,seed=0", prov={"commit": "x"})
   r = rec["readout"]
   assert (r["ev_over_oracle_lo"], r["ev_over_oracle_hi"], r["readout_sessions"]) == (0.7, 0.9, 4096)
   assert r["oracle_explained_variance_lo"] == pytest.approx(0.37)
   old = {k: v for k, v in final.items() if not k.endswith(("_lo", "_hi", "readout_sessions"))}
   (tmp_path / "metrics.jsonl").write_text(json.dumps(old) + "\n")
-  r = records.critic_record(str(tmp_path), "probe=delayed,horizon=8,critic,seed=0", sha="x")["readout"]
+  r = records.critic_record(str(tmp_path), "probe=delayed,horizon=8,critic,seed=0", prov={"commit": "x"})["readout"]
   assert r["ev_over_oracle_lo"] is None and r["readout_sessions"] is None

@@ -1,15 +1,9 @@
-"""experiments/stats.py: bootstrap intervals, token-weighted AUC, interval comparisons, verdicts."""
-import importlib.util
-import os
-
+"""experiments/study/stats.py: bootstrap intervals, token-weighted AUC, interval comparisons, verdicts."""
 import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-_spec = importlib.util.spec_from_file_location("experiments_stats", os.path.join(REPO, "experiments", "stats.py"))
-stats = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(stats)
+from experiments.study import stats
 
 unit = st.floats(0.0, 1.0, allow_nan=False)
 seeds_values = st.lists(unit, min_size=1, max_size=8)
@@ -196,12 +190,25 @@ def test_holm_is_between_raw_and_bonferroni_and_keeps_the_order(p):
     ([("A>B", "A>B"), ("n.s.", "n.s.")], [0.05, 0.123], None, "inconclusive (MDE 0.123)"),
     ([("A>B", "B>A")], [0.1], False, "not reproduced"),
     ([], [], None, "not tested (no comparison)"),
+    # issue 41: E3 reproduced at h8/h32 (MDE up to 0.059), inconclusive at h2 (MDE 0.008): the MDE is h2's
+    ([("n.s.", "n.s."), ("A>B", "A>B"), ("A>B", "n.s.")], [0.008, 0.059, 0.02], True, "inconclusive (MDE 0.008)"),
+    # a claim's MDE over its metrics, the experiment's over its unresolved claims
+    ([("n.s.", "n.s."), ("n.s.", "n/a")], [[0.02, 0.031], [0.01, None]], True, "inconclusive (MDE 0.031)"),
+    # controls per claim: a failed control behind a reproduced claim says nothing of the open one ...
+    ([("A>B", "n.s."), ("n.s.", "n.s.")], [0.1, 0.05], [False, True], "inconclusive (MDE 0.050)"),
+    # ... and one behind an open claim outweighs a separating one
+    ([("n.s.", "n.s."), ("n.s.", "n.s.")], [0.1, 0.05], [True, False], "underpowered (control did not separate)"),
+    ([("n.s.", "n.s."), ("n.s.", "n.s.")], [0.1, 0.05], [None, True], "inconclusive (MDE 0.100)"),
 ])
 def test_paired_verdict(judgements, mdes, control, expected):
   """Catches a failed control hiding a reversal, a failed control ignored ("inconclusive" instead of
-  "underpowered"), and the MDE of the wrong comparison (the smallest instead of the largest)."""
+  "underpowered"), the MDE of the wrong comparison (the smallest instead of the largest), the MDE taken
+  over claims already reproduced (issue 41: E3's headline printed h32's 0.059), the control of a
+  reproduced claim making the others underpowered, and a separating control outweighing a failed one."""
   assert stats.paired_verdict(judgements, mdes, control) == expected
   assert stats.paired_verdict([], [], None, ["critic below the bar"]) == "not tested (critic below the bar)"
+  with pytest.raises(ValueError, match="one per claim"):
+    stats.paired_verdict([("n.s.", "n.s.")], [0.1, 0.2], True)
 
 
 def test_judge_and_separates():
@@ -238,4 +245,4 @@ def test_a_tiny_mde_is_printed_not_rounded_to_zero():
   have an MDE of ~4e-4; the verdict must not read "MDE 0.000", a design that seems to see everything.
   Break checked: the old '.3f' format gives 'inconclusive (MDE 0.000)'."""
   assert stats.paired_verdict([("n.s.", "n.s.")], [4.1e-4], True) == "inconclusive (MDE 4.1e-04)"
-  assert stats.paired_verdict([("n.s.", "n.s.")], [0.0123, 4.1e-4], True) == "inconclusive (MDE 0.012)"
+  assert stats.paired_verdict([("n.s.", "n.s.")], [[0.0123, 4.1e-4]], True) == "inconclusive (MDE 0.012)"

@@ -1,14 +1,13 @@
-"""experiments/study.py: the study's plan is what the report and the docs say it is."""
+"""experiments/study/plan.py and runner.py: the study's plan is what the report and the docs say it is."""
 import json
 import os
-import sys
 
 import pytest
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "experiments"))
-import study  # noqa: E402
-from configs import study as study_config  # noqa: E402
-from mtrl_jax.credit.registry import hparam_defaults  # noqa: E402
+from configs import study as study_config
+from experiments.study import plan as study
+from experiments.study import runner
+from mtrl_jax.credit.registry import hparam_defaults
 
 
 def test_every_cell_is_a_valid_config_and_shared_cells_run_once():
@@ -83,7 +82,7 @@ def test_dry_run_passes_the_warm_start_to_every_run(capsys):
   0), which starts from that horizon's policy warm start; E3's vp=off cells and the control start from
   the policy warm start (no pretrained critic). Catches a critic warm start per seed (8x the value
   pretraining), a vp=on run without the critic, a vp=off run handed one, or another horizon's."""
-  assert study.main(["--root", "/tmp/nowhere", "--only", "E4,E3", "--horizons", "8", "--dry_run"]) == 0
+  assert runner.main(["--root", "/tmp/nowhere", "--only", "E4,E3", "--horizons", "8", "--dry_run"]) == 0
   lines = capsys.readouterr().out.strip().splitlines()
   summary = json.loads(lines[-1])
   # h8: gae_decoupled, gae_lambda0.95, gae_lambda1, gae_lambda0.95 vp=off, ms_grpo and its shuffle
@@ -100,7 +99,7 @@ def test_dry_run_passes_the_warm_start_to_every_run(capsys):
     else:
       assert x.endswith(warm + ",critic,seed=0"), x
   with pytest.raises(KeyError):
-    study.main(["--root", "/tmp/nowhere", "--only", "E9", "--dry_run"])
+    runner.main(["--root", "/tmp/nowhere", "--only", "E9", "--dry_run"])
 
 
 def test_lab_jobs_match_the_warm_starts_they_load():
@@ -108,7 +107,7 @@ def test_lab_jobs_match_the_warm_starts_they_load():
   (the lab's env must be the probe's), and a lab pointed at another probe's warm start."""
   from configs import lab as lab_config
   for probe in study.LAB_PROBES:
-    _, cmd, workdir = study.lab_job("python", "/r", probe)
+    _, cmd, workdir = runner.lab_job("python", "/r", probe)
     cfg_arg = next(x for x in cmd if x.startswith("--config=")).split(":", 1)[1]
     lab = lab_config.get_config(cfg_arg)
     probe_cfg = study_config.get_config(f"probe={probe},horizon={study.LAB_HORIZON},stage=warm")
@@ -120,34 +119,34 @@ def test_lab_jobs_match_the_warm_starts_they_load():
 def test_probe_arms_and_critic_filters_cut_cells_not_seeds(capsys):
   """--probe, --horizons, --arms and --critic keep whole cells (every seed) and nothing else; an arm no
   cell has is an error naming it. Catches a filter that is ignored (more runs) or drops seeds."""
-  assert study.main(["--root", "/tmp/nowhere", "--only", "E6", "--horizons", "16", "--arms", "gigpo,hgpo",
+  assert runner.main(["--root", "/tmp/nowhere", "--only", "E6", "--horizons", "16", "--arms", "gigpo,hgpo",
                      "--dry_run"]) == 0
   lines = capsys.readouterr().out.strip().splitlines()
   assert json.loads(lines[-1])["runs"] == 2 * len(study.E6_SEEDS)
   runs = [x for x in lines[:-1] if not x.startswith("#") and "stage=" not in x]
   assert len(runs) == 16 and all("probe=revisit,horizon=16" in x and ("arm=gigpo" in x or "arm=hgpo" in x)
                                  for x in runs)
-  assert study.main(["--root", "/tmp/nowhere", "--only", "E3", "--critic", "none", "--dry_run"]) == 0
+  assert runner.main(["--root", "/tmp/nowhere", "--only", "E3", "--critic", "none", "--dry_run"]) == 0
   summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
   # per horizon: vp=off, ms_grpo and its shuffle
   assert summary["runs"] == 3 * len(study.HORIZONS) * len(study.SEEDS) and summary["critic_warm_starts"] == 0
-  assert study.main(["--root", "/tmp/nowhere", "--probe", "delayed", "--horizons", "2", "--dry_run"]) == 0
+  assert runner.main(["--root", "/tmp/nowhere", "--probe", "delayed", "--horizons", "2", "--dry_run"]) == 0
   summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
   assert summary == {"dry_run": True, "warm_starts": 1, "critic_warm_starts": 1, "runs": 7 * len(study.SEEDS)}
   # a cut experiment runs only when named
-  assert study.main(["--root", "/tmp/nowhere", "--only", "E5", "--dry_run"]) == 0
+  assert runner.main(["--root", "/tmp/nowhere", "--only", "E5", "--dry_run"]) == 0
   assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["runs"] == 5 * len(study.SEEDS)
   with pytest.raises(SystemExit):
-    study.main(["--root", "/tmp/nowhere", "--arms", "bogus", "--dry_run"])
+    runner.main(["--root", "/tmp/nowhere", "--arms", "bogus", "--dry_run"])
   assert "no cell has ['bogus']" in capsys.readouterr().err
 
 
 def test_a_finished_run_writes_its_record_with_the_cells_arguments(tmp_path):
-  """study.write_record (what each finished job calls) files a run under runs/<cell>/seed=<s>.json with
+  """runner.write_record (what each finished job calls) files a run under runs/<cell>/seed=<s>.json with
   the cell's full configs/study.py arguments and its final success; an unfinished run writes nothing.
   Break checked: the record written with the arguments parsed from the folder name (strings, and no
   'shuffle') instead of the cell's fails the args check."""
-  import records
+  from experiments.study import records
   cell = study.experiment("E1").cell("ms_grpo shuffled h8")
   name = f"{cell.name},seed=3"
   wd = tmp_path / "runs" / name
@@ -155,13 +154,15 @@ def test_a_finished_run_writes_its_record_with_the_cells_arguments(tmp_path):
   lines = [{"step": 0, "stage": "rl", "eval/success": 0.5},
            {"step": 1, "stage": "rl", "rollout/success": 0.4, "tokens_seen": 100.0}]
   (wd / "metrics.jsonl").write_text("\n".join(json.dumps(x) for x in lines) + "\n")
-  assert study.write_record(str(tmp_path / "rec"), {name: cell}, name, str(wd)) is None
+  assert runner.write_record(str(tmp_path / "rec"), {name: cell}, name, str(wd)) is None
   with open(wd / "metrics.jsonl", "a") as f:
     f.write(json.dumps({"step": 1, "stage": "eval", "eval/success": 0.25}) + "\n")
-  path = study.write_record(str(tmp_path / "rec"), {name: cell}, name, str(wd))
+  path = runner.write_record(str(tmp_path / "rec"), {name: cell}, name, str(wd))
   assert path == str(tmp_path / "rec" / "runs" / cell.name / "seed=3.json")
   rec = records.load(str(tmp_path / "rec"))["runs"][(cell.name, 3)]
   assert rec["args"] == cell.full and rec["args"]["shuffle"] is True and rec["final"]["success"] == 0.25
+  # the code it was made with: this checkout's commit, trees of mtrl_jax/ and configs/ and the dirty flag
+  assert rec["commit"] != "unknown" and set(rec["tree"]) == {"mtrl_jax", "configs"} and isinstance(rec["dirty"], bool)
   # the converter finds the same run under the root and records the same numbers
   n = records.export(str(tmp_path), str(tmp_path / "conv"))
   assert n == {"runs": 1, "critics": 0, "warm": 0}

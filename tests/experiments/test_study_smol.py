@@ -1,5 +1,5 @@
 """The credit-assignment study on the real model (issue 32 item 8): configs/study.py:model=smol and
-experiments/study.py --model smol. Quick: the byte cells are unchanged, the smol cells are the byte cells'
+python -m experiments.study --model smol. Quick: the byte cells are unchanged, the smol cells are the byte cells'
 design on SmolLM2 with configs/smol.py's settings, every smol name leads with model=smol. Slow: the smol
 plan end to end at smoke size on a 2-block cut of SmolLM2, its records, and the report over them."""
 import importlib.util
@@ -10,13 +10,12 @@ import sys
 
 import pytest
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "experiments"))
-import records  # noqa: E402
-import study  # noqa: E402
-from configs import smol as smol_config  # noqa: E402
-from configs import study as study_config  # noqa: E402
-from mtrl_jax import config as config_lib  # noqa: E402
-from mtrl_jax.envs import registry  # noqa: E402
+from configs import smol as smol_config
+from configs import study as study_config
+from experiments.study import plan as study
+from experiments.study import records, runner
+from mtrl_jax import config as config_lib
+from mtrl_jax.envs import registry
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 # configs/study.py before it had a `model` argument: the byte cells must build the same config from it.
@@ -150,7 +149,7 @@ def test_smol_plan_names_lead_with_the_model_and_never_meet_the_byte_plans(capsy
     rec = {"kind": "run", "cell": name.rpartition(",seed=")[0], "seed": 0}
     assert os.path.relpath(records.path_of("/o", rec), "/o").startswith("runs/model=smol,")
     assert cell.warm.startswith("model=smol,") and cell.full["model"] == "smol"
-  assert study.main(["--root", "/r", "--model", "smol", "--hf_dir", "/h", "--runlocal", "--dry_run"]) == 0
+  assert runner.main(["--root", "/r", "--model", "smol", "--hf_dir", "/h", "--runlocal", "--dry_run"]) == 0
   lines = capsys.readouterr().out.strip().splitlines()
   assert json.loads(lines[-1]) == {"dry_run": True, "warm_starts": 2, "critic_warm_starts": 2, "runs": 16}
   cmds = [x for x in lines[:-1] if not x.startswith("#")]
@@ -162,17 +161,17 @@ def test_smol_plan_names_lead_with_the_model_and_never_meet_the_byte_plans(capsy
     init = [w for w in x.split() if w.startswith("--config.init_from=")]
     assert all(w.startswith("--config.init_from=/r/warm/model=smol,") for w in init)
   with pytest.raises(SystemExit):
-    study.main(["--root", "/r", "--hf_dir", "/h", "--dry_run"])  # the byte study reads no folder
+    runner.main(["--root", "/r", "--hf_dir", "/h", "--dry_run"])  # the byte study reads no folder
   assert "--hf_dir" in capsys.readouterr().err
 
 
 @pytest.mark.slow
 def test_smol_study_end_to_end_at_smoke_size(smollm2_2layer, tmp_path):
-  """experiments/study.py --model smol at smoke size (runlocal, 1 seed, horizon 2, 2 RL updates) on a
+  """python -m experiments.study --model smol at smoke size (runlocal, 1 seed, horizon 2, 2 RL updates) on a
   2-block cut of SmolLM2, all jobs in one process: the warm start, the critic warm start and three runs
   (ms_grpo, its shuffled control, gae lambda 0.95 from the pretrained critic; gae lambda 1 is left out: it
   runs the same programs as lambda 0.95, ~75 s more here) finish and leave records whose names lead with
-  model=smol, whose configs are the natural-style env on the folder, and which report.py --model smol
+  model=smol, whose configs are the natural-style env on the folder, and which the report (--model smol)
   reads as E1's cells while the byte report over the same folder sees none of them. Catches a stage
   failing on the chat path (value pretraining, a critic arm), a record under a byte name, a finished
   run keeping its checkpoint (16 of them fill a GPU machine's disk), and the report failing on smol
@@ -181,7 +180,7 @@ def test_smol_study_end_to_end_at_smoke_size(smollm2_2layer, tmp_path):
   root, rec = tmp_path / "root", tmp_path / "records"
   # One CPU device (the tests' 8 fake ones slow a job down several times), XLA level 0 as the suite.
   env = {**os.environ, "PYTHONPATH": REPO, "XLA_FLAGS": "--xla_backend_optimization_level=0", "JAX_PLATFORMS": "cpu"}
-  out = subprocess.run([sys.executable, "experiments/study.py", "--model", "smol", "--root", str(root),
+  out = subprocess.run([sys.executable, "-m", "experiments.study", "--model", "smol", "--root", str(root),
                         "--hf_dir", smollm2_2layer, "--runlocal", "--seeds", "1", "--horizons", "2",
                         "--arms", "ms_grpo,gae_lambda0.95", "--in_process", "--records", str(rec),
                         "--config.rl.steps=2"],
@@ -203,7 +202,7 @@ def test_smol_study_end_to_end_at_smoke_size(smollm2_2layer, tmp_path):
   assert cfg["hf_dir"] == smollm2_2layer and cfg["model"]["n_layers"] == 2
   results = {}
   for model in ("smol", "byte"):
-    rep = subprocess.run([sys.executable, "experiments/report.py", "--model", model, "--records", str(rec), "--out",
+    rep = subprocess.run([sys.executable, "-m", "experiments.study.report", "--model", model, "--records", str(rec), "--out",
                           str(tmp_path / f"STUDY_{model}.md"), "--figdir", str(tmp_path / f"fig_{model}")],
                          cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
     assert rep.returncode == 0, rep.stderr[-3000:]

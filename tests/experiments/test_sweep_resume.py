@@ -5,22 +5,10 @@ the rewritten value (issue 34).
 The sweep test in test_plot.py writes each step once, so it cannot tell the
 killed attempt's value from the resumed one.
 """
-import importlib.util
 import json
 import os
 
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-
-def _load_sweep():
-  spec = importlib.util.spec_from_file_location("experiments_sweep_resume",
-                                                os.path.join(REPO, "experiments", "sweep.py"))
-  mod = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(mod)
-  return mod
-
-
-sweep = _load_sweep()
+from experiments import sweep
 
 # The line pattern of train/run.py's RL stage: an eval every 10 steps on the step's line,
 # then the final `eval` stage. The first attempt is killed after its step-20 eval; the

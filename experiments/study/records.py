@@ -1,9 +1,9 @@
 """The study's per-run records: one small JSON file per run under docs/study/, all the report reads.
 
-  python experiments/records.py --root ROOT [--out docs/study]   # records of every finished run in ROOT
-  python experiments/records.py --ceilings                        # every probe's ceiling (no run needed)
+  python -m experiments.study.records --root ROOT [--out docs/study]  # records of every finished run in ROOT
+  python -m experiments.study.records --ceilings                      # every probe's ceiling (no run needed)
 
-experiments/study.py writes a run's record when the run finishes (and a warm
+The study's runner (runner.py) writes a run's record when the run finishes (and a warm
 start's, a critic warm start's); this command writes them for a root run
 before that, or again. Layout under OUT:
 
@@ -13,8 +13,10 @@ before that, or again. Layout under OUT:
   ceilings/<warm start>.json         kind "ceiling" (the expert policy's success on the eval tasks)
 
 A run record (schema 1) holds the cell's configs/study.py arguments, the
-config values the study varies or reports, the commit the run was made at
-(`git rev-parse HEAD` when the record is written, "unknown" outside git), every
+config values the study varies or reports, the code the run was made with
+(`provenance`: the commit, "unknown" outside git; `dirty`, whether mtrl_jax/ or
+configs/ on disk differed from it; `tree`, their git tree hashes as on disk; the
+last two absent from records written before they existed), every
 eval (step, tokens seen, tasks, sampled success / return), the rollout curve
 (step, tokens, success) and its token-weighted AUC, the critic's explained
 variance and the oracle's during RL (means over updates), the share of
@@ -27,18 +29,19 @@ import glob
 import json
 import os
 import subprocess
-import sys
+import tempfile
 
 import numpy as np
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import stats  # noqa: E402
-from mtrl_jax.metrics import read_metrics  # noqa: E402
-from plot import rl_curves  # noqa: E402
+from experiments.plot import rl_curves
+from experiments.study import stats
+from experiments.study.plan import PROBES
+from mtrl_jax.metrics import read_metrics
 
 SCHEMA = 1
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 DEFAULT_OUT = os.path.join(REPO, "docs", "study")
+SMOL_RECORDS = os.path.join(REPO, "docs", "study_smol")  # the real model's study: the byte report never reads them
 # The config values a record keeps (dotted paths into config.json).
 CONFIG_KEYS = ("seed", "env.name", "env.kwargs", "rl.estimator", "rl.estimator_kwargs", "rl.steps",
                "rl.tasks_per_update", "rl.group_size", "rl.lr", "rl.layout", "rl.context", "rl.decoupled",
@@ -46,12 +49,39 @@ CONFIG_KEYS = ("seed", "env.name", "env.kwargs", "rl.estimator", "rl.estimator_k
                "eval.seed_offset", "sft.steps", "asynchronous.enabled", "asynchronous.eta")
 
 
-def commit() -> str:
+# The folders whose content makes a run's numbers: the package and the configs (the study's own code,
+# experiments/, only launches runs and reads their metrics).
+CODE_DIRS = ("mtrl_jax", "configs")
+
+
+def _git(repo: str, *args: str, env: dict | None = None) -> str:
+  return subprocess.run(["git", *args], cwd=repo, capture_output=True, text=True, check=True,
+                        env=env).stdout.strip()
+
+
+def provenance(repo: str = REPO) -> dict:
+  """The code a record is made with: {"commit": HEAD or "unknown", "dirty": bool or None, "tree": {dir:
+  git tree hash} or None}.
+
+  `tree` is each of CODE_DIRS as it is on disk, tracked and untracked files alike (what a run imports;
+  .gitignore'd files left out), hashed by git through a scratch index, so equal trees mean equal code
+  whatever commit it sat on. `dirty`: some tree differs from HEAD's (edits not committed); other folders
+  (docs/study/, where records land while a study runs) do not count. Outside git: "unknown", None, None.
+  """
   try:
-    return subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True,
-                          check=True).stdout.strip() or "unknown"
+    sha = _git(repo, "rev-parse", "HEAD")
   except (OSError, subprocess.CalledProcessError):
-    return "unknown"
+    return {"commit": "unknown", "dirty": None, "tree": None}
+  try:
+    with tempfile.TemporaryDirectory() as tmp:
+      env = {**os.environ, "GIT_INDEX_FILE": os.path.join(tmp, "index")}
+      _git(repo, "read-tree", "HEAD", env=env)
+      _git(repo, "add", "-A", "--", *CODE_DIRS, env=env)
+      tree = {d: _git(repo, "write-tree", f"--prefix={d}/", env=env) for d in CODE_DIRS}
+    head = {d: _git(repo, "rev-parse", f"HEAD:{d}") for d in CODE_DIRS}
+  except (OSError, subprocess.CalledProcessError):  # a folder missing from the index or from HEAD
+    return {"commit": sha, "dirty": None, "tree": None}
+  return {"commit": sha, "dirty": tree != head, "tree": tree}
 
 
 def _json(path: str) -> dict | None:
@@ -77,7 +107,7 @@ def _f(x):
   return None if x is None else float(x)
 
 
-def run_record(workdir: str, cell: str, seed: int, args: dict, sha: str | None = None) -> dict | None:
+def run_record(workdir: str, cell: str, seed: int, args: dict, prov: dict | None = None) -> dict | None:
   """A finished run's record (None without a final `eval` line: unfinished or absent)."""
   recs = read_metrics(workdir)
   finals = [r for r in recs if r.get("stage") == "eval" and r.get("eval/success") is not None]
@@ -103,7 +133,7 @@ def run_record(workdir: str, cell: str, seed: int, args: dict, sha: str | None =
             if (v := [r[f"value/{k}"] for r in by_step.values() if r.get(f"value/{k}") is not None])}
   stale = [r["staleness/mean"] for r in by_step.values() if r.get("staleness/mean") is not None]
   return {"schema": SCHEMA, "kind": "run", "cell": cell, "seed": int(seed), "args": args,
-          "config": _pick(cfg), "commit": sha or commit(), "evals": evals,
+          "config": _pick(cfg), **(prov or provenance()), "evals": evals,
           "final": {"success": _f(final["eval/success"]), "return": _f(final.get("eval/return"))},
           "rollout": {"step": list(steps), "tokens": [float(t) for t in tokens], "success": [float(y) for y in succ]},
           "auc": stats.auc(tokens, succ),
@@ -113,7 +143,7 @@ def run_record(workdir: str, cell: str, seed: int, args: dict, sha: str | None =
           "wall_s": (_json(os.path.join(workdir, "wall.json")) or {}).get("wall_s")}
 
 
-def critic_record(workdir: str, name: str, sha: str | None = None) -> dict | None:
+def critic_record(workdir: str, name: str, prov: dict | None = None) -> dict | None:
   """A critic warm start's final readout (value pretraining's last, held-out batch), or None."""
   final = [r for r in read_metrics(workdir) if r.get("value_pretrain/final")]
   if not final:
@@ -127,7 +157,7 @@ def critic_record(workdir: str, name: str, sha: str | None = None) -> dict | Non
                                                     "decision_gap", "oracle_decision_gap", "critic_steps",
                                                     *ends, "readout_sessions")}
   warm, _, seed = name.rpartition(",critic,seed=")
-  return {"schema": SCHEMA, "kind": "critic", "warm": warm, "seed": int(seed), "commit": sha or commit(),
+  return {"schema": SCHEMA, "kind": "critic", "warm": warm, "seed": int(seed), **(prov or provenance()),
           "readout": out, "wall_s": (_json(os.path.join(workdir, "wall.json")) or {}).get("wall_s")}
 
 
@@ -153,7 +183,7 @@ def ceiling(env_name: str, kwargs: dict, seeds) -> float | None:
   return wins / len(seeds)
 
 
-def warm_record(workdir: str, name: str, sha: str | None = None) -> dict | None:
+def warm_record(workdir: str, name: str, prov: dict | None = None) -> dict | None:
   """A warm start's behaviour-cloning eval (the probe table) and the probe's ceiling, or None when unfinished."""
   sft = [r for r in read_metrics(workdir) if r.get("stage") == "sft" and r.get("eval/success") is not None]
   if not sft:
@@ -162,20 +192,20 @@ def warm_record(workdir: str, name: str, sha: str | None = None) -> dict | None:
   env, off = cfg.get("env") or {}, (cfg.get("eval") or {}).get("seed_offset")
   top = (ceiling(env["name"], dict(env.get("kwargs") or {}), range(off, off + CEILING_TASKS))
          if env.get("name") and off is not None else None)
-  return {"schema": SCHEMA, "kind": "warm", "warm": name, "commit": sha or commit(),
+  return {"schema": SCHEMA, "kind": "warm", "warm": name, **(prov or provenance()),
           "sft_steps": (cfg.get("sft") or {}).get("steps"), "success": _f(sft[-1]["eval/success"]),
           "greedy_success": _f(sft[-1].get("eval/greedy_success")), "ceiling": top,
           "ceiling_tasks": CEILING_TASKS if top is not None else None,
           "wall_s": (_json(os.path.join(workdir, "wall.json")) or {}).get("wall_s")}
 
 
-def ceiling_record(probe: str, horizon: int, sha: str | None = None) -> dict:
+def ceiling_record(probe: str, horizon: int, prov: dict | None = None) -> dict:
   """The probe's ceiling on the RL cells' eval tasks, from its configs/study.py RL config (no run needed)."""
   from configs.study import get_config
   c = get_config(f"probe={probe},horizon={horizon}")
   off = int(c.eval.seed_offset)
   top = ceiling(c.env.name, c.env.kwargs.to_dict(), range(off, off + int(c.eval.tasks)))
-  return {"schema": SCHEMA, "kind": "ceiling", "warm": f"probe={probe},horizon={horizon}", "commit": sha or commit(),
+  return {"schema": SCHEMA, "kind": "ceiling", "warm": f"probe={probe},horizon={horizon}", **(prov or provenance()),
           "ceiling": top, "tasks": int(c.eval.tasks), "seed_offset": off}
 
 
@@ -224,18 +254,18 @@ def export(root: str, out: str = DEFAULT_OUT, cells: dict | None = None) -> dict
 
   `cells`: run folder name -> the cell's full configs/study.py arguments (study.planned_runs); runs
   not in it are recorded with the arguments read back from their folder name."""
-  sha = commit()
+  prov = provenance()
   n = {"runs": 0, "critics": 0, "warm": 0}
   for d in sorted(glob.glob(os.path.join(root, "runs", "*,seed=*"))):
     name = os.path.basename(d)
     cell, _, seed = name.rpartition(",seed=")
     args = (cells or {}).get(name) or dict(kv.split("=", 1) for kv in cell.split(","))
-    if rec := run_record(d, cell, int(seed), args, sha):
+    if rec := run_record(d, cell, int(seed), args, prov):
       write(out, rec)
       n["runs"] += 1
   for d in sorted(glob.glob(os.path.join(root, "warm", "*"))):
     name = os.path.basename(d)
-    rec = critic_record(d, name, sha) if ",critic,seed=" in name else warm_record(d, name, sha)
+    rec = critic_record(d, name, prov) if ",critic,seed=" in name else warm_record(d, name, prov)
     if rec:
       write(out, rec)
       n["critics" if rec["kind"] == "critic" else "warm"] += 1
@@ -243,15 +273,14 @@ def export(root: str, out: str = DEFAULT_OUT, cells: dict | None = None) -> dict
 
 
 def main(argv=None) -> dict:
-  p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-  p.add_argument("--root", default="", help="a study root (experiments/study.py --root)")
+  p = argparse.ArgumentParser(prog="python -m experiments.study.records", description=__doc__.split("\n\n")[0])
+  p.add_argument("--root", default="", help="a study root (python -m experiments.study --root)")
   p.add_argument("--out", default=DEFAULT_OUT)
   p.add_argument("--ceilings", action="store_true", help="(no --root needed) write every probe's ceiling record")
   a = p.parse_args(argv)
   if a.ceilings:
-    sys.path.insert(0, REPO)
-    from study import PROBES
-    n = {"ceilings": [write(a.out, ceiling_record(pr, h)) for pr, h in PROBES]}
+    prov = provenance()
+    n = {"ceilings": [write(a.out, ceiling_record(pr, h, prov)) for pr, h in PROBES]}
     print(json.dumps(n))
     return n
   if not a.root or not os.path.isdir(a.root):

@@ -231,24 +231,37 @@ def separates(test: PairedTest | None, alpha: float = ALPHA) -> bool:
   return test is not None and test.mean > 0 and test.p < alpha
 
 
-def paired_verdict(judgements: Sequence[Sequence[str]], mdes: Sequence[float], control: bool | None,
+def paired_verdict(judgements: Sequence[Sequence[str]], mdes: Sequence, control,
                    untested: Sequence[str] = ()) -> str:
   """The words for a set of claims, each judged on its metrics ("A>B" / "B>A" / "n.s." / "n/a").
 
-  not reproduced: some claim is B>A on some metric; reproduced: every claim is A>B on at least one metric;
-  otherwise underpowered (control did not separate) when the experiment's positive control ran and did
-  not separate, else inconclusive (MDE x: the largest minimum detectable effect over the claims' tests);
+  `mdes[i]` is claim i's minimum detectable effect: a number, or its metrics' MDEs (a sequence; the
+  largest finite one is the claim's), None where it has none. `control` is the positive control that
+  powers the claims: one bool (or None: no control ran) for all of them, or one per claim.
+
+  not reproduced: some claim is B>A on some metric; reproduced: every claim is A>B on at least one metric.
+  Otherwise the claims not A>B on any metric are unresolved, and the words are theirs: underpowered
+  (control did not separate) when the control of some unresolved claim ran and did not separate (one
+  control that did not separate outweighs any that did), else inconclusive (MDE x: the largest MDE over
+  the unresolved claims; a claim already reproduced says nothing of what the design can see);
   not tested (reasons) when no claim could be tested.
   """
   if not judgements:
     return "not tested (" + "; ".join(untested) + ")" if untested else "not tested (no comparison)"
+  if len(mdes) != len(judgements):
+    raise ValueError(f"{len(mdes)} MDE entries for {len(judgements)} claims: give one per claim")
+  controls = list(control) if isinstance(control, (list, tuple)) else [control] * len(judgements)
+  if len(controls) != len(judgements):
+    raise ValueError(f"{len(controls)} controls for {len(judgements)} claims: give one, or one per claim")
   if any("B>A" in j for j in judgements):
     return "not reproduced"
   if all("A>B" in j for j in judgements):
     return "reproduced"
-  if control is False:
+  open_ = [i for i, j in enumerate(judgements) if "A>B" not in j]
+  if any(controls[i] is False for i in open_):
     return "underpowered (control did not separate)"
-  finite = [m for m in mdes if m is not None and np.isfinite(m)]
+  per_claim = [m if isinstance(m, (list, tuple)) else [m] for m in (mdes[i] for i in open_)]
+  finite = [x for m in per_claim for x in m if x is not None and np.isfinite(x)]
   if not finite:
     return "inconclusive (MDE unknown)"
   top = max(finite)  # two arms that nearly coincide can have an MDE far below 0.001: say it, not "0.000"

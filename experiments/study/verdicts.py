@@ -1,0 +1,279 @@
+"""The study's judgements: each cell's numbers, every claim's paired tests, Holm, and the verdicts.
+
+From the records (records.load) and the plan (plan.py): a cell's per-seed final success and AUC and
+their descriptive means, the pretrained critic its runs started from and whether it passes the
+critic bar (mtrl_jax/train/critic_bar.py: the package's one rule), the paired t test of every claim,
+factor contrast and positive control, Holm over the claims' and factors' tests of the whole study,
+and the words each claim and each experiment gets (stats.paired_verdict). No layout: tables.py and
+report.py print what this returns.
+"""
+from __future__ import annotations
+
+import re
+
+import numpy as np
+
+from experiments.study import stats
+from experiments.study.plan import SEEDS, critic_warm
+from mtrl_jax.train.critic_bar import CRITIC_BAR, bar_of
+
+METRICS = ("final", "auc")
+
+
+class Mean:
+  """A cell's mean over seeds with a t interval (descriptive; the claims are judged on paired differences)."""
+
+  def __init__(self, values):
+    self.values = [float(v) for v in values]
+    self.n = len(self.values)
+    self.mean = float(np.mean(self.values)) if self.values else None
+    self.lo, self.hi = (stats.t_interval(self.values) if self.n >= 2 and np.std(self.values) > 0
+                        else (self.mean, self.mean))
+
+
+# ------------------------------------------------------------------ per cell
+
+
+def cell_critic(cell, crit: dict) -> dict | None:
+  """The pretrained critic a cell's runs started from (the probe's one critic warm start), or None.
+
+  `bar` is the critic bar's word (mtrl_jax/train/critic_bar.bar_of) on the ratio's 95% session-bootstrap
+  interval: "yes" (its lower end >= the bar), "no" (its upper end below it) or "uncertain" (it straddles it). Over several critic seeds
+  the cell's ends are the means of theirs: wider than an interval on the mean ratio, never narrower.
+  A record without ends (written before they existed) makes the cell's judgement the point ratio's
+  (`interval` False), "yes" or "no".
+  """
+  names = sorted({cw for s in SEEDS if (cw := critic_warm(cell, s))})
+  if not names:
+    return None
+  got = [crit.get((cell.warm, int(n.rpartition(",critic,seed=")[2]))) for n in names]
+  done = [g["readout"] for g in got if g]
+  if not done:
+    return {"n": 0, "seeds": len(got), "ev": None, "oracle": None, "ratio": None, "fit_seeds": 0, "bar": None,
+            "interval": False}
+  mean = lambda key: float(np.mean([g[key] for g in done]))  # noqa: E731
+  ev, oracle = mean("explained_variance"), mean("oracle_explained_variance")
+  ratios = [g["explained_variance"] / g["oracle_explained_variance"] for g in done if g["oracle_explained_variance"]]
+  ratio = float(np.mean(ratios)) if ratios else None
+  ends = ("explained_variance", "oracle_explained_variance", "ev_over_oracle")
+  interval = all(g.get(f"{k}_{e}") is not None for g in done for k in ends for e in ("lo", "hi"))
+  out = {"n": len(done), "seeds": len(got), "ev": ev, "oracle": oracle, "ratio": ratio, "interval": interval}
+  if interval:
+    for k, short in zip(ends, ("ev", "oracle", "ratio")):
+      out[f"{short}_lo"], out[f"{short}_hi"] = mean(f"{k}_lo"), mean(f"{k}_hi")
+    out["sessions"] = min(int(g.get("readout_sessions") or 0) for g in done)
+    out["bar"] = bar_of(ratio, out["ratio_lo"], out["ratio_hi"])
+    out["fit_seeds"] = sum(bar_of(None, g["ev_over_oracle_lo"], g["ev_over_oracle_hi"]) == "yes" for g in done)
+  else:
+    out["bar"] = bar_of(ratio)
+    out["fit_seeds"] = sum(bar_of(r) == "yes" for r in ratios)
+  return out
+
+
+def cell_stats(exp, runs: dict, crit: dict) -> dict:
+  """label -> the cell's records by seed, missing seeds, per-seed metrics and descriptive means."""
+  out = {}
+  for cell in exp.cells:
+    recs = {s: runs[(cell.name, s)] for s in exp.seeds if (cell.name, s) in runs}
+    by = {"final": {s: r["final"]["success"] for s, r in recs.items()},
+          "auc": {s: r["auc"] for s, r in recs.items() if r.get("auc") is not None}}
+    out[cell.label] = {
+        "cell": cell, "recs": recs, "missing": [f"{cell.name},seed={s}" for s in exp.seeds if s not in recs],
+        **by, "final_est": Mean(by["final"].values()), "auc_est": Mean(by["auc"].values()),
+        "invalid_max": [r["invalid_share"]["max"] for r in recs.values() if r.get("invalid_share")],
+        "tokens": [r["rollout"]["tokens"][-1] for r in recs.values() if r["rollout"]["tokens"]],
+        "wall": [r["wall_s"] for r in recs.values() if r.get("wall_s")],
+        "staleness": [r["staleness"] for r in recs.values() if r.get("staleness") is not None],
+        "critic": cell_critic(cell, crit),
+        "critic_rl": {k: [r["critic"][k] for r in recs.values() if k in (r.get("critic") or {})]
+                      for k in ("explained_variance", "oracle_explained_variance")}}
+  return out
+
+
+def untested_because(cs: dict, *labels, uncertain: bool = False) -> str | None:
+  """Why a comparison cannot test its claim: a side without runs, a pretrained critic below the bar, or None.
+
+  Below the bar: the ratio's interval wholly below CRITIC_BAR (cell_critic), or, for records without
+  an interval, the point ratio below it (said so). A critic whose interval straddles the bar leaves
+  the comparison tested; `uncertain=True` returns the sentence that says so (None when no critic
+  straddles it), for the verdict line.
+  """
+  def ratio_said(c):
+    if not c["interval"]:
+      return f"{c['ratio']:.2f} x the oracle's {c['oracle']:.2f} (point ratio: the record has no interval)"
+    return (f"{c['ratio']:.2f} [95% {c['ratio_lo']:.2f}, {c['ratio_hi']:.2f}] x the oracle's "
+            f"{c['oracle']:.2f}")
+
+  critics = [(lab, c) for lab in labels if (c := cs[lab]["critic"])]
+  if uncertain:
+    said = [f"`{lab}`'s critic EV {c['ev']:.2f} = {ratio_said(c)}" for lab, c in critics if c["bar"] == "uncertain"]
+    return ("; ".join(said) + f": the ratio's interval straddles the bar ({CRITIC_BAR}), so the critic may be "
+            "below it") if said else None
+  unrun = [lab for lab in labels if not cs[lab]["recs"]]
+  if unrun:
+    return "no records of " + " and ".join(f"`{lab}`" for lab in unrun)
+  weak = [f"`{lab}`'s critic EV {c['ev']:.2f} = {ratio_said(c)}" for lab, c in critics
+          if c["bar"] == "no" and c["ratio"] is not None]
+  missing = [f"`{lab}` has no critic record" for lab, c in critics if c["n"] == 0]
+  why = weak + missing
+  return "; ".join(why) + f" (bar: {CRITIC_BAR} x the oracle's EV before RL)" if why else None
+
+
+# ------------------------------------------------------------------ tests and verdicts
+
+
+def paired_tests(cs: dict, a: str, b: str) -> dict:
+  """metric -> (seeds, PairedTest or None) for "a beats b" over the seeds both cells have."""
+  out = {}
+  for m in METRICS:
+    seeds, d = stats.paired(cs[a][m], cs[b][m])
+    out[m] = (seeds, stats.paired_test(d))
+  return out
+
+
+def study_tests(exps: list, cstats: dict, code=None) -> dict:
+  """Every claim, factor contrast and control of the study, tested; Holm over the claims' and the
+  factors' tests (both metrics) of the whole study; controls unadjusted (a check of the design).
+  `code` (versions.CodeCheck): a comparison whose run records' code differs beyond its allowed files
+  is not tested."""
+  items = []
+  for exp in exps:
+    cs = cstats[exp.id]
+    for kind, pairs in (("claim", [(a, b, None) for a, b in exp.comparisons]), ("factor", exp.factors),
+                        ("control", [(a, b, None) for a, b in exp.controls])):
+      for a, b, what in pairs:
+        why = untested_because(cs, a, b) or (code and code.refusal([*cs[a]["recs"].values(),
+                                                                    *cs[b]["recs"].values()]))
+        items.append({"exp": exp.id, "kind": kind, "a": a, "b": b, "factor": what, "untested": why,
+                      "critic_note": None if why else untested_because(cs, a, b, uncertain=True),
+                      "tests": {} if why else paired_tests(cs, a, b)})
+  family = [(i, m) for i, it in enumerate(items) if it["kind"] != "control"
+            for m, (_, t) in it["tests"].items() if t is not None]
+  adj = stats.holm([items[i]["tests"][m][1].p for i, m in family])
+  for (i, m), p in zip(family, adj):
+    items[i].setdefault("p_adj", {})[m] = p
+  for it in items:
+    it["judged"] = {m: stats.judge(t, it.get("p_adj", {}).get(m)) for m, (_, t) in it["tests"].items()}
+    if it["kind"] == "control":
+      it["separates"] = any(stats.separates(t) for _, t in it["tests"].values())
+  return {"items": items, "family": len(family)}
+
+
+def control_ok(exp, items: list, label: str) -> bool | None:
+  """Did the positive control powering a comparison of `label` separate? None: no control ran."""
+  ctl = exp.control_for(label)
+  it = next((i for i in items if i["exp"] == exp.id and i["kind"] == "control" and ctl and (i["a"], i["b"]) == ctl),
+            None)
+  return None if it is None or it["untested"] else it["separates"]
+
+
+def _zero(t) -> bool:
+  """A metric whose paired differences are exactly 0 on every seed (its sd, so its MDE, is 0 by degeneracy)."""
+  return t.mean == 0 and t.sd == 0
+
+
+def identical(it: dict) -> bool:
+  """Every metric's paired differences are exactly 0 on every seed: the two arms' evals did not differ at all
+  (e.g. two critic targets whose policies never flip a sampled eval outcome). Their sd, and so their MDE, is 0
+  by degeneracy, not a design that sees everything: such a test gives no MDE of its own."""
+  tests = [t for _, t in it["tests"].values() if t is not None]
+  return bool(tests) and all(_zero(t) for t in tests)
+
+
+def _mdes(it: dict) -> list[float]:
+  """A claim's MDEs, one per metric, leaving out a metric whose differences are all 0 (no MDE of its own)."""
+  return [t.mde for _, t in it["tests"].values() if t is not None and not _zero(t)]
+
+
+def _verdict(exp, it: dict, items: list) -> str:
+  """A tested, not identical claim's words (stats.paired_verdict on its metrics and its own control)."""
+  return stats.paired_verdict([tuple(it["judged"].values())], [_mdes(it)], control_ok(exp, items, it["a"]))
+
+
+def comparison_verdict(exp, it: dict, items: list) -> str:
+  if it["untested"]:
+    return f"not tested ({it['untested']})"
+  if identical(it):
+    n = max(t.n for _, t in it["tests"].values() if t is not None)
+    return f"no difference (identical on all {n} seeds: every paired difference is 0)"
+  return _verdict(exp, it, items) + (f" (critic uncertain: {it['critic_note']})" if it.get("critic_note") else "")
+
+
+def experiment_verdict(exp, items: list) -> str:
+  """The experiment's word over its tested claims, each with its own control and MDE: one claim reversed
+  makes it "not reproduced", all reproduced "reproduced"; otherwise the unresolved claims decide
+  (stats.paired_verdict: underpowered when one of their controls did not separate, else inconclusive at
+  the largest MDE among them)."""
+  claims = [i for i in items if i["exp"] == exp.id and i["kind"] == "claim"]
+  tested = [i for i in claims if not i["untested"]]
+  if not tested:
+    return "not tested (" + "; ".join(sorted({i["untested"] for i in claims})) + ")" if claims else "not tested"
+  if all(identical(i) for i in tested):
+    return "no difference (identical on every seed of every tested claim)"
+  return stats.paired_verdict([tuple(i["judged"].values()) for i in tested], [_mdes(i) for i in tested],
+                              [control_ok(exp, items, i["a"]) for i in tested])
+
+
+# The order a claim's words are listed in the headline.
+WORD_ORDER = ("reproduced", "not reproduced", "no difference", "inconclusive", "underpowered", "not tested")
+
+
+METRIC_NAMES = {"final": "final", "auc": "AUC"}
+
+
+def _short(exp, it: dict, items: list) -> tuple[str, str]:
+  """(word, key number or "") of one claim, as the headline says it. The key number: a reproduced (not
+  reproduced) claim's paired mean difference A - B on the first metric that decided it ("final +0.030");
+  an inconclusive claim's MDE ("MDE 0.008"). The reason of "not tested" and of "no difference" stays in
+  the experiment's section; a critic straddling the bar is flagged."""
+  if it["untested"]:
+    return "not tested", ""
+  if identical(it):
+    return "no difference", ""
+  v = _verdict(exp, it, items)
+  word = next(w for w in sorted(WORD_ORDER, key=len, reverse=True) if v.startswith(w))
+  key = ""
+  if v.startswith("inconclusive (MDE "):
+    key = v[len("inconclusive ("):-1]
+  elif word in ("reproduced", "not reproduced"):
+    side = "A>B" if word == "reproduced" else "B>A"
+    m = next(m for m in METRICS if it["judged"].get(m) == side)
+    key = f"{METRIC_NAMES[m]} {it['tests'][m][1].mean:+.3f}"
+  return word + (" (critic uncertain)" if it.get("critic_note") else ""), key
+
+
+def _keys(keys: list[str]) -> str:
+  """'final +0.030, +0.537' when every key names the same metric, else each with its own."""
+  heads = {k.split(" ")[0] for k in keys}
+  if len(heads) == 1:
+    return heads.pop() + " " + ", ".join(k.split(" ", 1)[1] for k in keys)
+  return ", ".join(keys)
+
+
+def _horizon(label: str) -> tuple[str, int | None]:
+  """('arm', H) for a label '<arm> h<H>', else (label, None)."""
+  m = re.fullmatch(r"(.+) h(\d+)", label)
+  return (m[1], int(m[2])) if m else (label, None)
+
+
+def claim_lines(exp, items: list) -> list[str]:
+  """The headline's line per claim (a comparison across its horizons): its verdicts, each with the
+  horizons it holds at and their key numbers in that order, e.g. "`vp=on` > `vp=off`: reproduced at
+  H 8, 32 (final +0.030, +0.537); inconclusive at H 2 (MDE 0.008)"."""
+  groups: dict = {}
+  for it in items:
+    if it["exp"] != exp.id or it["kind"] != "claim":
+      continue
+    (a, h), (b, _) = _horizon(it["a"]), _horizon(it["b"])
+    word, key = _short(exp, it, items)
+    groups.setdefault((a, b), {}).setdefault(word, []).append((h, key))
+  lines = []
+  for (a, b), words in groups.items():
+    parts = []
+    for word in sorted(words, key=lambda w: (WORD_ORDER.index(w.split(" (")[0]), w)):
+      hs = sorted(words[word], key=lambda x: -1 if x[0] is None else x[0])
+      at = "" if hs[0][0] is None else " at H " + ", ".join(str(h) for h, _ in hs)
+      keys = [k for _, k in hs if k]
+      parts.append(word + at + (f" ({_keys(keys)})" if keys else ""))
+    lines.append(f"`{a}` > `{b}`: " + "; ".join(parts))
+  return lines
