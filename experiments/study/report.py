@@ -31,7 +31,7 @@ def report(records_dir: str, out: str, figdir: str, date: str | None = None, fig
   every verdict. `experiments`: the plan's (plan.EXPERIMENTS, read at the call) unless given; `code`: the
   check of the records' code versions (default: the plan's allowed differences, this repository's git)."""
   experiments = EXPERIMENTS if experiments is None else experiments
-  code = CodeCheck(CODE_MAY_DIFFER) if code is None else code
+  code = CodeCheck(CODE_MAY_DIFFER, cache=os.path.join(records_dir, "code_diffs.json")) if code is None else code
   got = records_mod.load(records_dir)
   runs = got["runs"]
   os.makedirs(figdir, exist_ok=True)

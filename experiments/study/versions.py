@@ -11,12 +11,16 @@ versions whose differences all lie in files the plan allows to differ (plan.CODE
 pattern and the reason); otherwise the comparison is "not tested", naming the files. The files two
 versions differ in come from git (the trees', or the commits' trees', diff restricted to mtrl_jax/
 and configs/), so the repository must hold both versions' objects (a full clone holds every
-commit's; a dirty tree's objects are only where its run wrote them): where it does not, the
-comparison is refused and says so.
+commit's; a dirty tree's objects are only where its run wrote them). What git said is kept beside the
+records (`code_diffs.json`, written by the report, committed with them), so a shallow clone or an
+archive without the history regenerates the same report; where neither git nor that file can tell,
+the comparison is refused and says so.
 """
 from __future__ import annotations
 
 import fnmatch
+import json
+import os
 import subprocess
 
 from experiments.study.records import CODE_DIRS, REPO
@@ -39,10 +43,20 @@ def label(v: tuple) -> str:
 class CodeCheck:
   """The plan's allowed differences and the git diffs between code versions (each pair asked once)."""
 
-  def __init__(self, allowed=(), repo: str = REPO):
+  def __init__(self, allowed=(), repo: str = REPO, cache: str | None = None):
     self.allowed = tuple(allowed)  # (file pattern, why it may differ)
     self.repo = repo
     self._diffs: dict = {}
+    # `cache`: a JSON file of the diffs git gave before ("v1 .. v2" -> files), read first and added to.
+    self.cache = cache
+    self._known: dict = {}
+    if cache and os.path.exists(cache):
+      with open(cache) as f:
+        self._known = json.load(f)
+
+  @staticmethod
+  def _key(v1: tuple, v2: tuple) -> str:
+    return ":".join(v1) + " .. " + ":".join(v2)
 
   def _git(self, *args: str) -> str:
     return subprocess.run(["git", *args], cwd=self.repo, capture_output=True, text=True, check=True).stdout
@@ -62,13 +76,26 @@ class CodeCheck:
     """The files (repository paths) that differ between two versions' code, or None when git cannot tell."""
     key = (v1, v2)
     if key not in self._diffs:
-      t1, t2 = self.trees(v1), self.trees(v2)
-      if t1 is None or t2 is None:
+      known = self._known.get(self._key(v1, v2))
+      t1, t2 = (None, None) if known is not None else (self.trees(v1), self.trees(v2))
+      if known is not None:
+        self._diffs[key] = sorted(known)
+      elif t1 is None or t2 is None:
         self._diffs[key] = None
       else:
         self._diffs[key] = sorted(f"{d}/{f}" for d, a, b in zip(CODE_DIRS, t1, t2) if a != b
                                   for f in self._git("diff-tree", "-r", "--name-only", a, b).splitlines())
+        self._store(self._key(v1, v2), self._diffs[key])
     return self._diffs[key]
+
+  def _store(self, key: str, files: list[str]) -> None:
+    """Keeps what git said in the cache file (when there is one), for a checkout without the history."""
+    if not self.cache:
+      return
+    self._known[key] = files
+    with open(self.cache, "w") as f:
+      json.dump(self._known, f, indent=1, sort_keys=True)
+      f.write("\n")
 
   def why(self, path: str) -> str | None:
     """The plan's reason this file may differ, or None."""
