@@ -56,7 +56,7 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from sweep import REPO, command, is_done, run_job  # noqa: E402
 
-from mtrl_jax import compile_cache  # noqa: E402
+from mtrl_jax.compile import cache as compile_cache  # noqa: E402
 import records  # noqa: E402
 from mtrl_jax.metrics import read_metrics  # noqa: E402
 

@@ -59,7 +59,7 @@ def base_config() -> ml_collections.ConfigDict:
   # policy (after its `sft` stage) starts this run when it has no checkpoint of its own;
   # the stages that run finished up to sft (demos, sft) are then skipped here.
   c.init_from = ""
-  # JAX's persistent compilation cache (mtrl_jax/compile_cache.py): "auto" = the user cache
+  # JAX's persistent compilation cache (mtrl_jax/compile/cache.py): "auto" = the user cache
   # folder ($MTRL_COMPILE_CACHE, else ~/.cache/mtrl_jax/jax); a folder; "" = off. A second
   # run of the same config then loads its programs instead of compiling them.
   c.compile_cache = "auto"

@@ -24,7 +24,7 @@ from mtrl_jax.credit.losses import PolicyLossConfig
 from mtrl_jax.credit.regularizers import kl_reward_penalty
 from mtrl_jax.credit.shaping import informative_groups_np
 from mtrl_jax.credit.shuffle import shuffle_advantages
-from mtrl_jax.jit_reuse import shared_jit, tree_key
+from mtrl_jax.compile.programs import Tree, frozen, shared
 from mtrl_jax.models import lora
 from mtrl_jax.credit.step_groups import step_group_stats
 from mtrl_jax.parallel.batch import num_batch_shards, put_global_batch
@@ -38,8 +38,9 @@ from mtrl_jax.train import optim
 from mtrl_jax.envs import registry as env_registry
 from mtrl_jax.train import critic_readout
 from mtrl_jax.train import progress as progress_head
-from mtrl_jax.train.rl_step import (Frozen, LearnerState, RLBatch, StepFlags, make_rl_step, make_score_fn,
-                                    make_values_fn)
+from mtrl_jax.train.credit_step import AdvantageProgram, credit_batch, monte_carlo_targets
+from mtrl_jax.train.rl_step import (Frozen, LearnerState, RLBatch, RLStepProgram, ScoreProgram, StepFlags,
+                                    ValuesProgram)
 
 CRITIC_ESTIMATORS = ("gae", "turn_gae", "bilevel_gae")
 STEP_GROUP_ESTIMATORS = ("gigpo", "hgpo")  # they report how many turns found a step group
@@ -69,7 +70,6 @@ class Learner:
         ent_coef=rl.entropy_coef,
         entropy_top_rho=None if rl.entropy_mask_rho >= 1.0 else rl.entropy_mask_rho,
         nll_coef=rl.nll_coef, max_turns=max(int(_max_turns(c)), 1))
-    self.estimator = credit_registry.make_advantage_fn(rl.estimator, **dict(rl.estimator_kwargs))
     # The learned progress head of rl.estimator='progress' (train/progress.py): trained on each
     # update's sessions before their advantages; its per-turn shares go to credit/ as an array.
     self.progress = (progress_head.ProgressTrainer(c.progress.steps, c.progress.lr, seed=c.seed)
@@ -109,32 +109,25 @@ class Learner:
     # Only the trainable parts are donated and returned; the frozen base goes in as
     # its own argument and keeps its arrays (the sampler may hold them).
     train_sh, frozen_sh = self._split(self.state_sh)
-    # The jitted programs are shared by every learner of this process with the same key
-    # (mtrl_jax/jit_reuse.py): another run of equal shapes (a seed, an arm) compiles nothing.
-    # The key holds every argument the built functions close over.
-    step_args = (policy_gd, critic_gd, self.tx_policy, self.tx_critic, self.loss_cfg)
-    step_kw = dict(value_coef=rl.value_coef, value_clip=rl.value_clip or None, decoupled=rl.decoupled,
-                   shared_trunk=self.shared_trunk)
-    self._step_jit = shared_jit(
-        ("rl_step", *step_args, tuple(sorted(step_kw.items())), tree_key(train_sh), tree_key(frozen_sh), rep),
-        lambda: jax.jit(make_rl_step(*step_args, **step_kw), in_shardings=(train_sh, None, rep, frozen_sh),
-                        out_shardings=(train_sh, rep), donate_argnums=(0,)))
-    # Replicated outputs: every host reads the whole batch's scores (multi-host included).
-    self._score = shared_jit(
-        ("score", policy_gd, critic_gd, self.policy_trainable, self.shared_trunk, rep),
-        lambda: jax.jit(make_score_fn(policy_gd, critic_gd, policy_trainable=self.policy_trainable,
-                                      shared_trunk=self.shared_trunk), out_shardings=rep))
-    self._values = (shared_jit(("values", policy_gd, critic_gd, self.shared_trunk, rep),
-                               lambda: jax.jit(make_values_fn(policy_gd, critic_gd, shared_trunk=self.shared_trunk),
-                                               out_shardings=rep))
+    # The jitted programs are shared by every learner of this process with an equal spec
+    # (mtrl_jax/compile/programs.py): another run of equal shapes (a seed, an arm) compiles nothing.
+    self._step_jit = shared(RLStepProgram(
+        policy_gd, critic_gd, self.tx_policy, self.tx_critic, self.loss_cfg, value_coef=rl.value_coef,
+        value_clip=rl.value_clip or None, decoupled=rl.decoupled, shared_trunk=self.shared_trunk,
+        train_shardings=Tree(train_sh), frozen_shardings=Tree(frozen_sh), replicated=rep))
+    self._score = shared(ScoreProgram(policy_gd, critic_gd, self.policy_trainable, self.shared_trunk, rep))
+    self._values = (shared(ValuesProgram(policy_gd, critic_gd, self.shared_trunk, rep))
                     if critic_gd is not None or self.head_critic else None)
     self.decision_fn = env_registry.first_decision_fn(c.env.name)
     self.decision_value = env_registry.decision_value_fn(c.env.name, dict(c.env.kwargs))
-    # The estimator is a partial of a registered function: its name and options are the program.
-    self._adv = shared_jit(("advantages", rl.estimator, repr(sorted(dict(rl.estimator_kwargs).items()))),
-                           lambda: jax.jit(self.estimator))
+    self.set_estimator(rl.estimator, dict(rl.estimator_kwargs))
     self._mc_targets = jax.jit(monte_carlo_targets)
     self._step_group_stats = jax.jit(step_group_stats, static_argnames=("max_turns", "depth"))
+
+  def set_estimator(self, name: str, options: dict) -> None:
+    """The advantage estimator `name` with its keyword options (the lab swaps it for a refit)."""
+    credit_registry.make_advantage_fn(name, **options)  # validated here, with the option's name
+    self._adv = shared(AdvantageProgram(name, frozen(options)))
 
   # ------------------------------------------------------------------ helpers
   def _opt_shardings(self, tx, params, trainable):
@@ -481,23 +474,6 @@ def aaw_rows(key, batch: CreditBatch, num: int, floor: float = 0.0, **adv_option
 def _aaw_options(rl) -> dict:
   """The estimator's own advantage options, so AAW weighs by the advantage it trains with."""
   return {k: v for k, v in dict(rl.estimator_kwargs).items() if k in ("eps", "scale_by_std", "ddof")}
-
-
-def credit_batch(pb: PackedBatch, values_bt=None) -> CreditBatch:
-  """The credit library's view of a packed batch (rewards, masks, ids, returns, values)."""
-  return CreditBatch(
-      reward_bt=jnp.asarray(pb.reward_bt), loss_mask_bt=jnp.asarray(pb.loss_mask_bt),
-      turn_idx_bt=jnp.asarray(pb.turn_idx_bt), group_id_b=jnp.asarray(pb.group_id_b),
-      episode_id_b=jnp.asarray(pb.episode_id_b), tree_id_b=jnp.asarray(pb.tree_id_b),
-      return_b=jnp.asarray(pb.return_b), value_bt=None if values_bt is None else jnp.asarray(values_bt))
-
-
-def monte_carlo_targets(batch: CreditBatch):
-  """Undiscounted return-to-go on every action token: the critic's default target."""
-  _, target = credit_registry.compute_advantages(
-      "gae", batch._replace(value_bt=jnp.zeros_like(batch.reward_bt)), gamma=1.0, lambda_policy=1.0,
-      lambda_critic=1.0)
-  return target
 
 
 def _max_turns(c) -> int:

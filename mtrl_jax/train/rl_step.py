@@ -8,6 +8,7 @@ step reports `nonfinite=1`, so the host can count and stop.
 """
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, Callable, NamedTuple, Optional
 
 import jax
@@ -15,6 +16,7 @@ import jax.numpy as jnp
 import optax
 from flax import nnx
 
+from mtrl_jax.compile.programs import Program, Tree
 from mtrl_jax.credit.diagnostics import per_turn_mean_std
 from mtrl_jax.credit.losses import PolicyLossConfig, policy_loss, value_loss
 from mtrl_jax.models.logprobs import TokenStats, token_stats
@@ -237,3 +239,59 @@ def make_score_fn(policy_gd, critic_gd, ref_gd=None, *, policy_trainable=None,
     return logp, ref_logp, values
 
   return score
+
+
+# ------------------------------------------------------------------ the learner's shared programs
+# Each spec's fields are all its build reads: the key of the program every learner of this process
+# with an equal spec shares (mtrl_jax/compile/programs.py). `tx_*` are one object per recipe
+# (train/optim.py); `replicated` is the mesh's replicated sharding.
+@dataclasses.dataclass(frozen=True)
+class RLStepProgram(Program):
+  """make_rl_step jitted: trainable state in `train_shardings` (donated), frozen parts in `frozen_shardings`."""
+  policy_gd: Any
+  critic_gd: Any
+  tx_policy: Any
+  tx_critic: Any
+  loss_cfg: PolicyLossConfig
+  value_coef: float
+  value_clip: Optional[float]
+  decoupled: bool
+  shared_trunk: bool
+  train_shardings: Tree
+  frozen_shardings: Tree
+  replicated: Any
+
+  def build(self):
+    train_sh, frozen_sh, rep = self.train_shardings.value, self.frozen_shardings.value, self.replicated
+    step = make_rl_step(self.policy_gd, self.critic_gd, self.tx_policy, self.tx_critic, self.loss_cfg,
+                        value_coef=self.value_coef, value_clip=self.value_clip, decoupled=self.decoupled,
+                        shared_trunk=self.shared_trunk)
+    return jax.jit(step, in_shardings=(train_sh, None, rep, frozen_sh), out_shardings=(train_sh, rep),
+                   donate_argnums=(0,))
+
+
+@dataclasses.dataclass(frozen=True)
+class ScoreProgram(Program):
+  """make_score_fn jitted; replicated outputs: every host reads the whole batch's scores."""
+  policy_gd: Any
+  critic_gd: Any
+  policy_trainable: Any
+  shared_trunk: bool
+  replicated: Any
+
+  def build(self):
+    return jax.jit(make_score_fn(self.policy_gd, self.critic_gd, policy_trainable=self.policy_trainable,
+                                 shared_trunk=self.shared_trunk), out_shardings=self.replicated)
+
+
+@dataclasses.dataclass(frozen=True)
+class ValuesProgram(Program):
+  """make_values_fn jitted (the critic alone), replicated outputs."""
+  policy_gd: Any
+  critic_gd: Any
+  shared_trunk: bool
+  replicated: Any
+
+  def build(self):
+    return jax.jit(make_values_fn(self.policy_gd, self.critic_gd, shared_trunk=self.shared_trunk),
+                   out_shardings=self.replicated)
