@@ -422,7 +422,7 @@ def main(argv):
                        context_cap=c.rollout.context_cap, sampling=run._train_sampling(),
                        rng=jax.random.key(c.seed + 654), rows_per_call=int(lab.rows_per_call),
                        progress=Progress("ground truth", len(starts)).update,
-                       fork_randomness=str(lab.get("fork_randomness", "fresh")))
+                       fork_randomness=str(lab.fork_randomness))
   a_star, a_se = ground_truth(sessions, cont.returns_sk)
   gt_s = time.time() - t1
   say(f"lab: ground truth from {len(starts)} histories x {lab.continuations} continuations in {gt_s:.0f}s "
@@ -482,7 +482,7 @@ def main(argv):
   max_d = int(dist_i.max())
   exit_i = np.concatenate([[bool(t.info.get("early_exit", False)) for t in s.turns] for s in sessions])
   result = {"env": c.env.name, "sessions": len(sessions), "continuations": int(lab.continuations),
-            "fork_randomness": str(lab.get("fork_randomness", "fresh")),
+            "fork_randomness": str(lab.fork_randomness),
             "env_crn": bool(dict(c.env.kwargs).get("crn", False)),
             "agreement_interval": "wilson95: 95% Wilson score interval (no continuity correction) of the "
                                   "agreement over its items (mtrl_jax/lab/scores.py)",

@@ -266,7 +266,7 @@ class Learner:
     batch = credit_batch(pb, values_bt if self.has_values else None)._replace(reward_bt=reward,
                                                                               **self._turn_fields(pb))
     adv, target = self._adv(batch)
-    if rl.get("shuffle_advantages", False):  # the study's positive control: same advantages, pairing broken
+    if rl.shuffle_advantages:  # the study's positive control: same advantages, pairing broken
       adv = shuffle_advantages(adv, batch.loss_mask_bt, jax.random.fold_in(jax.random.key(self.c.seed + 31),
                                                                           self.version))
     if target is None:
@@ -345,7 +345,7 @@ class Learner:
     full = self.rl_batch(pb, plan, prox, ref, adv, target, values)
     rows, row_len = full.tokens_bt.shape
     stats["batch/pad_fraction"] = 1.0 - float(np.sum(pb.length_b)) / (rows * row_len)
-    if rl.get("aaw", False):
+    if rl.aaw:
       full, drawn = self._aaw_subsample(pb, full, step)
       self.last_aaw_session_ids = sorted(trainable[i].session_id for i in drawn)
       stats["aaw/episodes_drawn"] = len(drawn)

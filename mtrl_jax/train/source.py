@@ -11,6 +11,7 @@ from typing import Protocol, Sequence
 import jax
 import numpy as np
 
+from mtrl_jax.config import HELD_OUT_SEEDS
 from mtrl_jax.credit.shaping import informative_groups_np
 from mtrl_jax.rollout.ownership import HostShare, group_key, host_share
 from mtrl_jax.rollout.session import Session
@@ -19,11 +20,6 @@ from mtrl_jax.rollout.session import Session
 class SessionSource(Protocol):
   def next_batch(self, step: int) -> tuple[list[Session], dict]: ...
   def close(self) -> None: ...
-
-
-# Task seeds no training batch ever plays: evaluation draws from here (config.eval.seed_offset,
-# checked by config.validate) and so does the credit-accuracy lab (configs/lab.py).
-HELD_OUT_SEEDS = range(1_000_000, 3_000_000)
 
 
 def task_seeds(seed: int, step: int, n: int, round_: int = 0) -> list[int]:
