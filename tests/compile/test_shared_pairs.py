@@ -153,7 +153,7 @@ def run_score(model=(), **rl):
 
 def run_advantages(model=(), **rl):
   """A learner's advantage program on the fixed credit batch: (advantages, value targets)."""
-  return _copy(_learner(model, **rl)._adv(_credit_batch()))
+  return _copy(_learner(model, **rl).credit.adv_fn(_credit_batch()))
 
 
 def run_value_fit(model=(), **over):
