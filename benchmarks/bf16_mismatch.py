@@ -44,7 +44,7 @@ from flax import nnx
 from mtrl_jax.models.config import ModelConfig
 from mtrl_jax.models.transformer import Transformer
 from mtrl_jax.sampling.sampler import Sampler, SamplingParams
-from mtrl_jax.train.learner import MISMATCH_RATIO_BAND, sampler_mismatch
+from mtrl_jax.train.scoring import MISMATCH_RATIO_BAND, sampler_mismatch
 from mtrl_jax.train.rl_step import forward
 
 # Plain English for the pretrained model's prompts and observations (random

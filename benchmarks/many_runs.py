@@ -10,9 +10,9 @@ stage). Three ways to run them, each from a fresh process and fresh workdirs:
   processes       N x `python -m mtrl_jax.main`, no persistent compilation cache
   processes+cache the same sharing JAX's persistent cache (what study.py and
                   sweep.py did): the first compiles, the others load
-  one process     experiments/inprocess.py: N runs one after another in one
+  one process     mtrl_jax/inprocess.py: N runs one after another in one
                   process, no persistent cache; runs after the first reuse the
-                  first's jitted programs (mtrl_jax/jit_reuse.py)
+                  first's jitted programs (mtrl_jax/compile/programs.py)
 
 Prints a table and one JSON line. Every run's summary numbers (eval success,
 return) are compared across the three ways: they must be equal.
@@ -78,11 +78,10 @@ def one_process(argvs: list[list[str]]) -> tuple[float, list[dict]]:
 
 def _child(argvs: list[list[str]]) -> None:
   """The N runs in this process; prints their summaries (each with its own compile counts)."""
-  sys.path.insert(0, os.path.join(REPO, "experiments"))
-  import inprocess
+  from mtrl_jax.inprocess import run_argv
   out = []
   for argv in argvs:
-    rc, _ = inprocess.run_argv(argv, log_path=os.path.join(argv[-1].split("=", 1)[1], "log.txt"))
+    rc, _ = run_argv(argv, log_path=os.path.join(argv[-1].split("=", 1)[1], "log.txt"))
     if rc:
       raise SystemExit(f"run failed (rc {rc}): see its log.txt")
     with open(os.path.join(argv[-1].split("=", 1)[1], "log.txt")) as f:

@@ -142,8 +142,7 @@ class Bench:
     L.state = LearnerState(p, init_opt_state(L.tx_policy, p, L.state_sh.opt_policy), {}, {})
     L.version, L.nonfinite_in_a_row = 0, 0
     name, hparams = parse_estimator(estimator)
-    L.estimator = make_advantage_fn(name, **hparams)
-    L._adv = jax.jit(L.estimator)
+    L.set_estimator(name, hparams)
     self.sampler.set_params(copy_params(p), 0)
     return L
 

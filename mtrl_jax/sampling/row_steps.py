@@ -22,8 +22,9 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from mtrl_jax.sampling import decode
 from mtrl_jax.sampling.records import DecodeState
-from mtrl_jax.sampling.topk import SampleMode, choose_tokens
+from mtrl_jax.sampling.topk import SampleMode
 
 
 class RowStepsOut(NamedTuple):
@@ -54,44 +55,18 @@ def decode_row_steps(graphdef: nnx.GraphDef, params: nnx.State, state: DecodeSta
   caller guarantees min(capacity, length_b + budget_b - offset_b, length_b +
   steps) fits the allocated slots of active rows.
   """
-  model = nnx.merge(graphdef, params)
-  capacity = state.capacity
-  batch = active_b.shape[0]
-  stop_s = jnp.asarray(tuple(stop_ids), jnp.int32)
-  running_b = active_b & (state.cache.length_b < capacity) & (offset_b < budget_b)
-  started_b = running_b
-  zeros_b = jnp.zeros((batch,), jnp.int32)
-  init = (jnp.int32(0), state.cache, state.last_logits_bv, running_b, zeros_b, jnp.zeros((batch,), bool),
-          jnp.full((batch, steps), pad_id, jnp.int32), jnp.zeros((batch, steps), jnp.float32))
-
-  def cond(carry):
-    step, _, _, running_b = carry[:4]
-    freed = jnp.sum(started_b & ~running_b)  # rows whose action ended in this call
-    return (step < steps) & jnp.any(running_b) & ((done_quota <= 0) | (freed < done_quota))
-
-  def body(carry):
-    step, cache, logits_bv, running_b, n_gen_b, stopped_b, tokens_bn, logps_bn = carry
+  def draw_keys(step, n_gen_b):
     # A running row's next token is token offset + n_gen of its action (n_gen == step while it runs).
-    draw_keys = jax.vmap(jax.random.fold_in)(keys_b, offset_b + n_gen_b)
-    tok_b, logp_b = choose_tokens(logits_bv, draw_keys, temperature, top_p, mode)
-    tok_b = jnp.where(running_b, tok_b, pad_id)
-    logp_b = jnp.where(running_b, logp_b, 0.0)
-    tokens_bn = jax.lax.dynamic_update_slice_in_dim(tokens_bn, tok_b[:, None], step, axis=1)
-    logps_bn = jax.lax.dynamic_update_slice_in_dim(logps_bn, logp_b[:, None], step, axis=1)
-    h_b1d, cache = model.hidden(tok_b[:, None], cache, running_b.astype(jnp.int32))
-    logits_bv = jnp.where(running_b[:, None], model.logits(h_b1d)[:, 0], logits_bv)
-    n_gen_b = n_gen_b + running_b
-    hit_stop_b = running_b & jnp.any(tok_b[:, None] == stop_s[None, :], axis=-1)
-    stopped_b = stopped_b | hit_stop_b
-    running_b = running_b & ~hit_stop_b & (offset_b + n_gen_b < budget_b) & (cache.length_b < capacity)
-    return step + 1, cache, logits_bv, running_b, n_gen_b, stopped_b, tokens_bn, logps_bn
+    return jax.vmap(jax.random.fold_in)(keys_b, offset_b + n_gen_b)
 
-  steps_run, cache, logits_bv, _, n_gen_b, stopped_b, tokens_bn, logps_bn = jax.lax.while_loop(cond, body, init)
-  # As in generate: a row that meets its budget and the capacity on the same token counts as budget.
-  hit_budget_b = active_b & ~stopped_b & (offset_b + n_gen_b >= budget_b)
-  full_b = active_b & ~stopped_b & ~hit_budget_b & (cache.length_b >= capacity)
-  out = RowStepsOut(tokens_bn, logps_bn, n_gen_b, stopped_b, hit_budget_b, full_b, steps_run)
-  return DecodeState(cache, logits_bv, capacity), out
+  def stop_early(started_b, running_b):
+    freed = jnp.sum(started_b & ~running_b)  # rows whose action ended in this call
+    return (done_quota > 0) & (freed >= done_quota)
+
+  out = decode.decode_loop(nnx.merge(graphdef, params), state, active_b, budget_b - offset_b, draw_keys, temperature,
+                           top_p, stop_ids=stop_ids, pad_id=pad_id, steps=steps, mode=mode, stop_early=stop_early)
+  return out.state, RowStepsOut(out.tokens_bn, out.logps_bn, out.n_gen_b, out.stopped_b, out.hit_budget_b,
+                                out.full_b, out.steps_run)
 
 
 def append_to_rows(graphdef: nnx.GraphDef, params: nnx.State, state: DecodeState, rows_k: jax.Array,
@@ -104,7 +79,7 @@ def append_to_rows(graphdef: nnx.GraphDef, params: nnx.State, state: DecodeState
   (a 300-token prompt prefilled in one row of 16 costs 16 rows' work). The
   k rows are gathered, prefilled and written back; `rows_k` must not repeat.
   """
-  from mtrl_jax.sampling import decode, fork
+  from mtrl_jax.sampling import fork
   sub = fork.gather_rows(state, rows_k)
   sub = decode.append_tokens(graphdef, params, sub, tokens_kt, n_new_k)
   return fork.move_rows(sub, jnp.arange(rows_k.shape[0]), state, rows_k)

@@ -16,6 +16,7 @@ of programs; each new one is logged and counted.
 """
 from __future__ import annotations
 
+import dataclasses
 import threading
 from typing import NamedTuple, Sequence
 
@@ -25,7 +26,7 @@ import numpy as np
 from absl import logging
 from flax import nnx
 
-from mtrl_jax.jit_reuse import shared_jit
+from mtrl_jax.compile.programs import Program, shared
 from mtrl_jax.models.transformer import Transformer
 from mtrl_jax.sampling import decode
 from mtrl_jax.sampling import fork as fork_lib
@@ -54,30 +55,40 @@ def _shape_signature(tree) -> dict:
           for path, x in jax.tree_util.tree_leaves_with_path(tree)}
 
 
-def _decode_programs(graphdef: nnx.GraphDef, stop_ids: tuple, pad_id: int) -> tuple:
-  """(append, generate, rows, append_rows): the sampler's jitted closures over the model's structure.
+@dataclasses.dataclass(frozen=True)
+class DecodePrograms(Program):
+  """The sampler's jitted halves (append, generate, rows, append_rows): they depend only on the
+  model's structure, the stop ids and the pad id, so every sampler of equal ones in this process
+  (another run, another seed) shares them and what they compiled (mtrl_jax/compile/programs.py).
 
-  They close over the arguments only (never a Sampler: a shared program would keep its weights alive).
+  They close over these fields only (never a Sampler: a shared program would keep its weights alive).
   """
-  def append_fn(params, state, tokens_bt, n_new_b):
-    return decode.append_tokens(graphdef, params, state, tokens_bt, n_new_b)
+  graphdef: nnx.GraphDef
+  stop_ids: tuple
+  pad_id: int
 
-  def generate_fn(params, state, rng, budget, active_b, temperature, top_p, steps, mode):
-    return decode.generate_tokens(graphdef, params, state, rng, budget, active_b, temperature, top_p,
-                                  stop_ids=stop_ids, pad_id=pad_id, steps=steps, mode=mode)
+  def build(self) -> tuple:
+    graphdef, stop_ids, pad_id = self.graphdef, self.stop_ids, self.pad_id
 
-  def rows_fn(params, state, keys_b, offset_b, budget_b, active_b, temperature, top_p, done_quota, steps, mode):
-    return row_steps.decode_row_steps(graphdef, params, state, keys_b, offset_b, budget_b, active_b,
-                                      temperature, top_p, done_quota, stop_ids=stop_ids,
-                                      pad_id=pad_id, steps=steps, mode=mode)
+    def append_fn(params, state, tokens_bt, n_new_b):
+      return decode.append_tokens(graphdef, params, state, tokens_bt, n_new_b)
 
-  def append_rows_fn(params, state, rows_k, tokens_kt, n_new_k):
-    return row_steps.append_to_rows(graphdef, params, state, rows_k, tokens_kt, n_new_k)
+    def generate_fn(params, state, rng, budget, active_b, temperature, top_p, steps, mode):
+      return decode.generate_tokens(graphdef, params, state, rng, budget, active_b, temperature, top_p,
+                                    stop_ids=stop_ids, pad_id=pad_id, steps=steps, mode=mode)
 
-  return (jax.jit(append_fn, donate_argnames=("state",)),
-          jax.jit(generate_fn, static_argnames=("steps", "mode"), donate_argnames=("state",)),
-          jax.jit(rows_fn, static_argnames=("steps", "mode"), donate_argnames=("state",)),
-          jax.jit(append_rows_fn, donate_argnames=("state",)))
+    def rows_fn(params, state, keys_b, offset_b, budget_b, active_b, temperature, top_p, done_quota, steps, mode):
+      return row_steps.decode_row_steps(graphdef, params, state, keys_b, offset_b, budget_b, active_b,
+                                        temperature, top_p, done_quota, stop_ids=stop_ids,
+                                        pad_id=pad_id, steps=steps, mode=mode)
+
+    def append_rows_fn(params, state, rows_k, tokens_kt, n_new_k):
+      return row_steps.append_to_rows(graphdef, params, state, rows_k, tokens_kt, n_new_k)
+
+    return (jax.jit(append_fn, donate_argnames=("state",)),
+            jax.jit(generate_fn, static_argnames=("steps", "mode"), donate_argnames=("state",)),
+            jax.jit(rows_fn, static_argnames=("steps", "mode"), donate_argnames=("state",)),
+            jax.jit(append_rows_fn, donate_argnames=("state",)))
 
 
 class Sampler:
@@ -126,12 +137,9 @@ class Sampler:
     self._seen: dict[str, set] = {"append": set(), "generate": set(), "grow": set(), "fork": set(),
                                   "rows": set(), "move": set()}
 
-    # The jitted halves depend only on the model's structure, the stop ids and the pad id: every
-    # sampler of equal ones in this process (another run, another seed) shares them and what they
-    # compiled (mtrl_jax/jit_reuse.py).
+    # Shared with every sampler of this process of equal structure, stop ids and pad id.
     (self._append_jit, self._generate_jit, self._rows_jit,
-     self._append_rows_jit) = shared_jit(("sampler", graphdef, self.stop_ids, self.pad_id),
-                                         lambda: _decode_programs(graphdef, self.stop_ids, self.pad_id))
+     self._append_rows_jit) = shared(DecodePrograms(graphdef, self.stop_ids, self.pad_id))
     # Not donated: a bigger cache cannot reuse the old buffers.
     self._grow_jit = jax.jit(decode.grow_cache, static_argnames=("slots",))
     self._gather_jit = jax.jit(fork_lib.gather_rows)

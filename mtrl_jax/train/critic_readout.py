@@ -287,3 +287,32 @@ def readout(values_bt, target_bt, mask_bt, turn_idx_bt, *, first_actions_b: Sequ
   if boot:
     out.update(ev_intervals(values_bt, target_bt, mask_bt, oracle, boot=boot, seed=seed))
   return out
+
+
+def batch_readout(sessions: Sequence, pb, values_bt, mc_bt, *, decision_fn=None, value_fn=None, boot: int = 0,
+                  seed: int = 0) -> dict:
+  """`readout` on a packed batch (rollout/packing.PackedBatch) of `sessions`: each row's turn-0 action
+  read from its session, MC targets `mc_bt`."""
+  first = [sessions[i].turns[0].action if i >= 0 and sessions[i].turns else None for i in pb.session_index_b]
+  return readout(values_bt, mc_bt, pb.loss_mask_bt, pb.turn_idx_bt, first_actions_b=first, group_b=pb.group_id_b,
+                 decision_fn=decision_fn, value_fn=value_fn, boot=boot, seed=seed)
+
+
+def explained_variance(v, t, m) -> float:
+  """1 - Var[t - v] / Var[t] over the tokens of mask m (0 with fewer than 2 tokens or constant targets)."""
+  m = np.asarray(m) > 0
+  if m.sum() < 2:
+    return 0.0
+  var_t = np.var(t[m])
+  return float(1.0 - np.var(t[m] - v[m]) / var_t) if var_t > 1e-12 else 0.0
+
+
+def update_readout(sessions: Sequence, pb, values_bt, target_bt, mc_bt, *, decision_fn=None, value_fn=None) -> dict:
+  """An update's held-out view of its critic: the values scored before the update's epochs against the
+  estimator's targets (value/explained_variance_before) and, as `readout`, against MC returns beside
+  the oracle's (value/...)."""
+  values_bt = np.asarray(values_bt)
+  out = {"value/explained_variance_before": explained_variance(values_bt, np.asarray(target_bt), pb.loss_mask_bt)}
+  out.update({f"value/{k}": v for k, v in batch_readout(sessions, pb, values_bt, np.asarray(mc_bt),
+                                                       decision_fn=decision_fn, value_fn=value_fn).items()})
+  return out

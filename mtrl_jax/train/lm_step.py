@@ -17,6 +17,7 @@ import optax
 from flax import nnx
 from jax.sharding import Mesh
 
+from mtrl_jax.compile.programs import Program, Tree
 from mtrl_jax.models.logprobs import token_stats
 from mtrl_jax.models.transformer import Transformer
 from mtrl_jax.parallel.batch import shard_batch
@@ -82,6 +83,23 @@ def make_lm_train_step(graphdef: nnx.GraphDef, optimizer: optax.GradientTransfor
   return make_train_step(lm_loss_fn(graphdef), optimizer, mesh=mesh, rules=rules,
                          param_shardings=param_shardings, opt_shardings=opt_shardings, donate=donate,
                          frozen_shardings=frozen_shardings)
+
+
+@dataclasses.dataclass(frozen=True)
+class LMStepProgram(Program):
+  """The sft stage's step (make_lm_train_step), shared by every run of the process with an equal spec
+  (mtrl_jax/compile/programs.py): `optimizer` is one object per recipe (train/optim.py)."""
+  graphdef: nnx.GraphDef
+  optimizer: optax.GradientTransformation
+  mesh: Mesh
+  rules: tuple
+  param_shardings: Tree
+  opt_shardings: Tree
+  frozen_shardings: Tree
+
+  def build(self) -> ShardedFn:
+    return make_lm_train_step(self.graphdef, self.optimizer, self.mesh, self.rules, self.param_shardings.value,
+                              self.opt_shardings.value, frozen_shardings=self.frozen_shardings.value)
 
 
 def split_params(model: nnx.Module):

@@ -8,7 +8,7 @@ import optax
 
 # One object per recipe: optax transformations are pure functions, so equal arguments may share
 # one, and the jitted steps built over it are then shared by every run in the process
-# (mtrl_jax/jit_reuse.py keys them by the transformation's identity).
+# (mtrl_jax/compile/programs.py: a spec holding the transformation is equal when it is the same object).
 @functools.lru_cache(maxsize=None)
 def adamw(lr: float, total_steps: int, *, warmup_steps: int = 0, weight_decay: float = 0.0,
           clip_grad: float = 1.0, end_factor: float = 0.1) -> optax.GradientTransformation:

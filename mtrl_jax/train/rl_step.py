@@ -8,18 +8,24 @@ step reports `nonfinite=1`, so the host can count and stop.
 """
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, Callable, NamedTuple, Optional
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 from flax import nnx
 
+from mtrl_jax.compile.programs import Program, Tree
 from mtrl_jax.credit.diagnostics import per_turn_mean_std
 from mtrl_jax.credit.losses import PolicyLossConfig, policy_loss, value_loss
 from mtrl_jax.models.logprobs import TokenStats, token_stats
 from mtrl_jax.models.value import PolicyWithValueHead, with_policy_trunk
-from mtrl_jax.parallel.sharded_step import join_trainable, split_trainable
+from mtrl_jax.parallel.batch import put_global_batch
+from mtrl_jax.parallel.sharded_step import join_trainable, sharding_context, split_trainable
+from mtrl_jax.rollout.packing import PackedBatch
+from mtrl_jax.rollout.row_packing import RowPlan, pack_rows
 
 
 class LearnerState(NamedTuple):
@@ -93,6 +99,22 @@ class Frozen(NamedTuple):
   """
   policy: Any = None
   critic: Any = None
+
+
+def split_state(state: LearnerState, policy_trainable=None, critic_trainable=None) -> tuple[LearnerState, Frozen]:
+  """(the trainable parts with their optimiser states, the frozen parts) of a learner state.
+
+  `*_trainable`: an nnx filter of what trains (LoRA: the adapters and a value head), None: all.
+  """
+  p_t, p_f = split_trainable(state.policy, policy_trainable)
+  c_t, c_f = split_trainable(state.critic, critic_trainable)
+  return LearnerState(p_t, state.opt_policy, c_t, state.opt_critic), Frozen(p_f, c_f)
+
+
+def join_state(train: LearnerState, frozen: Frozen) -> LearnerState:
+  """The inverse of `split_state`."""
+  return LearnerState(join_trainable(train.policy, frozen.policy), train.opt_policy,
+                      join_trainable(train.critic, frozen.critic), train.opt_critic)
 
 
 def make_rl_step(policy_gd, critic_gd, tx_policy: optax.GradientTransformation,
@@ -237,3 +259,134 @@ def make_score_fn(policy_gd, critic_gd, ref_gd=None, *, policy_trainable=None,
     return logp, ref_logp, values
 
   return score
+
+
+# ------------------------------------------------------------------ the host side of an update
+def rl_batch(pb: PackedBatch, plan: Optional[RowPlan], scored, credit, *, pad_id: int) -> RLBatch:
+  """The update's per-token fields ([B, T] host arrays) in the layout the step trains on.
+
+  `scored`: train/scoring.Scored; `credit`: train/credit_step.Credit. With a row plan, several
+  samples per row (segment ids kept).
+  """
+  per_token = dict(
+      tokens_bt=pb.tokens_bt, targets_bt=pb.targets_bt, positions_bt=pb.positions_bt,
+      loss_mask_bt=pb.loss_mask_bt, behav_logp_bt=pb.behav_logp_bt,
+      prox_logp_bt=np.asarray(scored.prox_logp_bt), ref_logp_bt=np.asarray(scored.ref_logp_bt),
+      adv_bt=np.asarray(credit.adv_bt), value_target_bt=np.asarray(credit.target_bt),
+      old_value_bt=np.asarray(scored.values_bt), turn_idx_bt=pb.turn_idx_bt,
+      success_bt=np.broadcast_to(pb.success_b[:, None], pb.tokens_bt.shape).copy())
+  if plan is None:
+    return RLBatch(**per_token)
+  packed = {k: pack_rows(v, plan, pad_id if k in ("tokens_bt", "targets_bt") else 0) for k, v in per_token.items()}
+  return RLBatch(**packed, segment_ids_bt=plan.segment_ids_rl)
+
+
+def keep_rows(batch: RLBatch, draw) -> RLBatch:
+  """Only the rows of `draw` (credit_step.AAWDraw): the drawn ones, then filler rows that carry no loss."""
+  out = jax.tree.map(lambda x: np.asarray(x)[draw.rows], batch)
+  mask = np.array(out.loss_mask_bt)
+  mask[draw.trained:] = 0.0  # filler rows: shapes only, no loss
+  return out._replace(loss_mask_bt=mask)
+
+
+class Epochs(NamedTuple):
+  """What `run_epochs` did: the learner state after it, the steps' mean metrics, how many steps were refused."""
+  state: LearnerState
+  metrics: dict
+  nonfinite: float
+
+
+def run_epochs(step_fn: Callable, state: LearnerState, batch: RLBatch, flags: StepFlags, *, trainable=(None, None),
+               epochs: int, minibatches: int, rng: np.random.Generator, mesh, rules) -> Epochs:
+  """`epochs` passes over `batch` in `minibatches` shuffled minibatches, one donated step each.
+
+  Only the trainable parts of `state` (`trainable`: the policy's and critic's filters, see
+  `split_state`) go through the steps; the frozen parts are read, never donated. Each
+  minibatch goes to the devices as a global batch (every host holds the whole batch and
+  feeds its own devices' rows). A step with a non-finite loss or gradient keeps the state
+  and reports `nonfinite` = 1 (counted here).
+  """
+  train, frozen = split_state(state, *trainable)
+  b = batch.tokens_bt.shape[0]
+  mb = b // minibatches
+  out = []
+  with sharding_context(mesh, rules):
+    for _ in range(epochs):
+      perm = rng.permutation(b)
+      for m in range(minibatches):
+        idx = perm[m * mb:(m + 1) * mb]
+        part = put_global_batch(jax.tree.map(lambda x: np.asarray(x)[idx], batch), mesh, rules)
+        train, met = step_fn(train, part, flags, frozen)
+        out.append(met)
+  host = jax.device_get(out)
+  return Epochs(join_state(train, frozen), mean_metrics(host), sum(float(m["nonfinite"]) for m in host))
+
+
+def mean_metrics(ms: list) -> dict:
+  """The steps' metrics averaged; a per-turn vector metric k becomes k/0, k/1, ..."""
+  out = {}
+  for k in ms[0]:
+    vals = [np.asarray(m[k]) for m in ms]
+    if vals[0].ndim == 0:
+      out[k] = float(np.mean(vals))
+    else:
+      arr = np.mean(np.stack(vals), axis=0)
+      for i, v in enumerate(arr):
+        out[f"{k}/{i}"] = float(v)
+  return out
+
+
+# ------------------------------------------------------------------ the learner's shared programs
+# Each spec's fields are all its build reads: the key of the program every learner of this process
+# with an equal spec shares (mtrl_jax/compile/programs.py). `tx_*` are one object per recipe
+# (train/optim.py); `replicated` is the mesh's replicated sharding.
+@dataclasses.dataclass(frozen=True)
+class RLStepProgram(Program):
+  """make_rl_step jitted: trainable state in `train_shardings` (donated), frozen parts in `frozen_shardings`."""
+  policy_gd: Any
+  critic_gd: Any
+  tx_policy: Any
+  tx_critic: Any
+  loss_cfg: PolicyLossConfig
+  value_coef: float
+  value_clip: Optional[float]
+  decoupled: bool
+  shared_trunk: bool
+  train_shardings: Tree
+  frozen_shardings: Tree
+  replicated: Any
+
+  def build(self):
+    train_sh, frozen_sh, rep = self.train_shardings.value, self.frozen_shardings.value, self.replicated
+    step = make_rl_step(self.policy_gd, self.critic_gd, self.tx_policy, self.tx_critic, self.loss_cfg,
+                        value_coef=self.value_coef, value_clip=self.value_clip, decoupled=self.decoupled,
+                        shared_trunk=self.shared_trunk)
+    return jax.jit(step, in_shardings=(train_sh, None, rep, frozen_sh), out_shardings=(train_sh, rep),
+                   donate_argnums=(0,))
+
+
+@dataclasses.dataclass(frozen=True)
+class ScoreProgram(Program):
+  """make_score_fn jitted; replicated outputs: every host reads the whole batch's scores."""
+  policy_gd: Any
+  critic_gd: Any
+  policy_trainable: Any
+  shared_trunk: bool
+  replicated: Any
+
+  def build(self):
+    return jax.jit(make_score_fn(self.policy_gd, self.critic_gd, policy_trainable=self.policy_trainable,
+                                 shared_trunk=self.shared_trunk), out_shardings=self.replicated)
+
+
+@dataclasses.dataclass(frozen=True)
+class ValuesProgram(Program):
+  """make_values_fn jitted (the critic alone), replicated outputs."""
+  policy_gd: Any
+  critic_gd: Any
+  shared_trunk: bool
+  replicated: Any
+
+  def build(self):
+    return jax.jit(make_values_fn(self.policy_gd, self.critic_gd, shared_trunk=self.shared_trunk),
+                   out_shardings=self.replicated)

@@ -19,11 +19,11 @@ import numpy as np
 from absl import logging
 from flax import nnx
 
-from mtrl_jax import compile_cache
 from mtrl_jax import config as config_lib
 from mtrl_jax.data import demos as demos_lib
 from mtrl_jax.envs import registry as env_registry
-from mtrl_jax.jit_reuse import shared_jit, tree_key
+from mtrl_jax.compile.counts import Laps
+from mtrl_jax.compile.programs import Tree, shared
 from mtrl_jax.metrics import MetricsWriter, Progress, say
 from mtrl_jax.models import lora as lora_lib
 from mtrl_jax.models.config import RUNTIME_FIELDS, ModelConfig
@@ -37,7 +37,7 @@ from mtrl_jax.parallel.host_exchange import allgather_objects, barrier, is_multi
 from mtrl_jax.parallel.mesh import mesh_from_config
 from mtrl_jax.parallel.rules import rules_from_config
 from mtrl_jax.parallel.sampler_mesh import SamplerWeights
-from mtrl_jax.parallel.sharded_init import create_sharded
+from mtrl_jax.parallel.sharded_init import ModelOf, create_sharded
 from mtrl_jax.parallel.sharded_step import join_trainable, sharding_context, split_trainable
 from mtrl_jax.rollout.engine import RolloutEngine
 from mtrl_jax.rollout.ownership import host_share
@@ -46,7 +46,7 @@ from mtrl_jax.train import adapters, optim
 from mtrl_jax.train.checkpoint import Checkpointer, abstract_like, read_meta, restore_subtree
 from mtrl_jax.train.evaluate import evaluate
 from mtrl_jax.train.learner import Learner, NonFiniteError
-from mtrl_jax.train.lm_step import make_lm_train_step
+from mtrl_jax.train.lm_step import LMStepProgram
 from mtrl_jax.train.sft import DemoBatcher
 from mtrl_jax.train.source import SyncSource, merge_host_infos
 
@@ -64,7 +64,7 @@ class Run:
 
   def __init__(self, c, workdir: str):
     self.c, self.workdir = c, workdir
-    self._compiles = compile_cache.compile_counts()  # what building the run compiles: logged as "startup"
+    self._compiles = Laps()  # what building the run compiles: its first lap, logged as "startup"
     initialize_from_config(c.distributed)
     config_lib.validate(c)
     os.makedirs(workdir, exist_ok=True)
@@ -122,8 +122,7 @@ class Run:
       policy = load_policy(c.hf_dir, dtype=c.model.dtype, lora_seed=seed, **self._switches())
     else:
       # The seed is the init's argument: runs of other seeds share its compiled program.
-      policy = create_sharded(lambda rngs: Transformer(mc, rngs=rngs), self.mesh, self.rules, seed=seed,
-                              reuse_key=("policy", mc))
+      policy = create_sharded(ModelOf(Transformer, mc), self.mesh, self.rules, seed=seed)
     if c.critic.kind == "head":
       policy = PolicyWithValueHead(mc, rngs=nnx.Rngs(seed + 1), policy=policy)
     self.policy_gd, policy_params = nnx.split(policy)
@@ -131,8 +130,7 @@ class Run:
     critic_gd = critic_params = None
     if c.critic.kind == "separate":
       critic_mc = dataclasses.replace(mc, lora=lora_lib.OFF)
-      critic = create_sharded(lambda rngs: Critic(critic_mc, rngs=rngs), self.mesh, self.rules, seed=seed + 2,
-                              reuse_key=("critic", critic_mc))
+      critic = create_sharded(ModelOf(Critic, critic_mc), self.mesh, self.rules, seed=seed + 2)
       critic_gd, critic_params = nnx.split(critic)
     elif c.critic.kind == "lora":  # adapters + value head on the policy's trunk
       critic_gd, critic_params = adapters.shared_trunk_critic(c, mc, self.mesh, self.rules, seed + 2)
@@ -311,7 +309,6 @@ class Run:
   # ---------------------------------------------------------------- stages
   def run(self) -> dict:
     summary = {}
-    first = self._compiles
     try:
       self._log_compiles("startup")
       for stage in self.c.stages:
@@ -328,7 +325,7 @@ class Run:
           self._finish_stage(stage)
         else:
           self.meta["stages_done"] = list(self.meta["stages_done"]) + ["demos"]
-      summary.update(compile_cache.delta(first, self._compiles).as_metrics())  # the whole run
+      summary.update(self._compiles.total().as_metrics())  # the whole run
     finally:
       self.ckpt.close()
       self.writer.close()
@@ -336,8 +333,7 @@ class Run:
 
   def _log_compiles(self, stage: str):
     """What `stage` compiled (console, and a metrics.jsonl record of stage "compile")."""
-    now = compile_cache.compile_counts()
-    d, self._compiles = compile_cache.delta(self._compiles, now), now
+    d = self._compiles.lap()
     say(f"stage {stage}: compiling: {d.line()}")
     self.writer.write(self.learner.version, "compile", d.as_metrics(f"compile/{stage}/"))
 
@@ -390,12 +386,8 @@ class Run:
     opt = init_opt_state(tx, params, o_sh)
     if start and not sampler_only:
       opt = L.state.opt_policy  # resumed mid-stage: the optimiser moments were saved there
-    # Shared by every run of this process with the same key (mtrl_jax/jit_reuse.py): `tx` is one
-    # object per recipe (train/optim.py), the rest is what the step closes over.
-    step_fn = shared_jit(("lm_step", gd, tx, tree_key(p_sh), tree_key(o_sh), tree_key(frozen_sh), self.mesh,
-                          tuple(self.rules)),
-                         lambda: make_lm_train_step(gd, tx, self.mesh, self.rules, p_sh, o_sh,
-                                                    frozen_shardings=frozen_sh))
+    # Shared by every run of this process with an equal spec (mtrl_jax/compile/programs.py).
+    step_fn = shared(LMStepProgram(gd, tx, self.mesh, tuple(self.rules), Tree(p_sh), Tree(o_sh), Tree(frozen_sh)))
     lora_args = () if frozen is None else (frozen,)
     prog = Progress("sft", s.steps, start)
     for k in range(start, s.steps):

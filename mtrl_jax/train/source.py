@@ -6,11 +6,12 @@ pool (mtrl_jax/rollout/actors.py) implements the same call from its queue.
 """
 from __future__ import annotations
 
-from typing import Protocol, Sequence
+from typing import NamedTuple, Protocol, Sequence
 
 import jax
 import numpy as np
 
+from mtrl_jax.config import HELD_OUT_SEEDS
 from mtrl_jax.credit.shaping import informative_groups_np
 from mtrl_jax.rollout.ownership import HostShare, group_key, host_share
 from mtrl_jax.rollout.session import Session
@@ -19,11 +20,6 @@ from mtrl_jax.rollout.session import Session
 class SessionSource(Protocol):
   def next_batch(self, step: int) -> tuple[list[Session], dict]: ...
   def close(self) -> None: ...
-
-
-# Task seeds no training batch ever plays: evaluation draws from here (config.eval.seed_offset,
-# checked by config.validate) and so does the credit-accuracy lab (configs/lab.py).
-HELD_OUT_SEEDS = range(1_000_000, 3_000_000)
 
 
 def task_seeds(seed: int, step: int, n: int, round_: int = 0) -> list[int]:
@@ -127,3 +123,27 @@ def merge_host_infos(infos: Sequence[dict], sessions: Sequence[Session]) -> dict
       "rollout/rewritten_replies": sum(bool(s.rewritten) for s in sessions),
       "rollout/hosts": len(infos)})
   return out
+
+
+class Chosen(NamedTuple):
+  """The sessions an update trains on, and what was left out."""
+  sessions: list
+  stats: dict
+
+
+def choose_sessions(sessions: Sequence[Session], version: int, *, dynamic_sampling: bool) -> Chosen:
+  """The trainable sessions of a batch; with dynamic sampling, only the groups whose returns differ.
+
+  Stats: how many were untrainable, dropped, trained, and the oldest policy version among the
+  trained tokens (measured from the versions recorded on the tokens, whatever the source claims).
+  """
+  trainable = [s for s in sessions if s.trainable]
+  stats = {"sessions/untrainable": len(sessions) - len(trainable)}
+  if dynamic_sampling:
+    keep, dropped = informative_groups_np([s.group_id for s in trainable], [s.episode_return for s in trainable])
+    stats["sessions/dropped_uninformative_groups"] = dropped
+    trainable = [s for s, k in zip(trainable, keep) if k]
+  stats["sessions/trained"] = len(trainable)
+  oldest = [v for v in (s.min_version() for s in trainable) if v is not None]
+  stats["update/staleness_max"] = float(max((version - v for v in oldest), default=0))
+  return Chosen(trainable, stats)

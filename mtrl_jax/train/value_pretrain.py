@@ -38,6 +38,7 @@ states are stop-gradient, and the trunk's parameters are kept bit for bit.
 """
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, NamedTuple, Optional
 
 import jax
@@ -47,7 +48,7 @@ import optax
 from absl import logging
 from flax import nnx
 
-from mtrl_jax.jit_reuse import shared_jit, tree_key
+from mtrl_jax.compile.programs import Program, Tree, shared
 from mtrl_jax.metrics import Progress, say
 from mtrl_jax.models.value import PolicyWithValueHead
 from mtrl_jax.parallel.sharded_step import (init_opt_state, opt_state_shardings, replicated,
@@ -123,6 +124,23 @@ def make_value_fit_step(policy_gd, critic_gd, tx: optax.GradientTransformation):
   return step
 
 
+@dataclasses.dataclass(frozen=True)
+class ValueFitProgram(Program):
+  """make_value_fit_step jitted with its shardings and donation: one per equal spec in the process."""
+  policy_gd: Any
+  critic_gd: Any
+  tx: optax.GradientTransformation  # one object per recipe (train/optim.py)
+  param_shardings: Tree
+  opt_shardings: Tree
+  replicated: Any
+  donate: tuple
+
+  def build(self):
+    p_sh, o_sh = self.param_shardings.value, self.opt_shardings.value
+    return jax.jit(make_value_fit_step(self.policy_gd, self.critic_gd, self.tx), in_shardings=(p_sh, o_sh, None),
+                   out_shardings=(p_sh, o_sh, self.replicated), donate_argnums=self.donate)
+
+
 def check_supported(c) -> None:
   """Value pretraining fits a full separate critic, or a value head on a fully
   trained policy; it has no path for LoRA critics (adapters on a frozen trunk)
@@ -153,14 +171,11 @@ class ValuePretrainer:
     # A value head's params are the whole policy, whose trunk arrays the sampler holds
     # (and plays the next round with): donating them deleted the sampler's weights (a
     # crash in the second round's rollouts). Only the optimiser state is donated then.
-    # Shared by every run of this process with the same key (mtrl_jax/jit_reuse.py; `tx` is one
-    # object per recipe): a second run of equal shapes compiles no step.
+    # Shared by every run of this process with an equal spec (mtrl_jax/compile/programs.py): a
+    # second run of equal shapes compiles no step.
     donate = (1,) if self.head else (0, 1)
-    p_sh, o_sh = self.p_sh, self.o_sh
-    self._step = shared_jit(
-        ("value_fit", L.policy_gd, L.critic_gd, self.tx, tree_key(p_sh), tree_key(o_sh), rep, donate),
-        lambda: jax.jit(make_value_fit_step(L.policy_gd, L.critic_gd, self.tx), in_shardings=(p_sh, o_sh, None),
-                        out_shardings=(p_sh, o_sh, rep), donate_argnums=donate))
+    self._step = shared(ValueFitProgram(L.policy_gd, L.critic_gd, self.tx, Tree(self.p_sh), Tree(self.o_sh), rep,
+                                        donate))
 
   # The critic's parameters and the slot its optimiser state lives in during the stage.
   @property

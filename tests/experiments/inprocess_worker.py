@@ -1,8 +1,8 @@
-"""Runs main-job argvs one after another in this process (experiments/inprocess.py), for the tests.
+"""Runs main-job argvs one after another in this process (mtrl_jax/inprocess.py), for the tests.
 
-  python inprocess_worker.py '{"jobs": [[...argv...], ...], "fail": {"job": 2, "update": 2}}'
+  python -m tests.experiments.inprocess_worker '{"jobs": [[...argv...], ...], "fail": {"job": 2, "update": 2}}'
 
-Prints one JSON line per job: its exit code and what it compiled (mtrl_jax/compile_cache.py).
+Prints one JSON line per job: its exit code and what it compiled (mtrl_jax/compile/counts.py).
 With "fail", job `job` raises inside its `update`-th learner update (1-based): an
 interrupted run, whose checkpoint the next job with the same workdir resumes from.
 """
@@ -10,13 +10,9 @@ import json
 import os
 import sys
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-sys.path.insert(0, os.path.join(ROOT, "experiments"))
-sys.path.insert(0, ROOT)
-
-import inprocess  # noqa: E402
-from mtrl_jax import compile_cache  # noqa: E402
-from mtrl_jax.train import learner as learner_lib  # noqa: E402
+from mtrl_jax import inprocess
+from mtrl_jax.compile import counts
+from mtrl_jax.train import learner as learner_lib
 
 
 class Interrupted(RuntimeError):
@@ -37,10 +33,10 @@ def main():
       return real_update(self, *a, **kw)
 
     learner_lib.Learner.update = update
-    before = compile_cache.compile_counts()
+    before = counts.compile_counts()
     workdir = argv[-1].split("=", 1)[1]
     rc, secs = inprocess.run_argv(argv, log_path=os.path.join(workdir, "log.txt"))
-    d = compile_cache.delta(before, compile_cache.compile_counts())
+    d = counts.delta(before, counts.compile_counts())
     print(json.dumps({"job": i, "rc": rc, "secs": secs, "programs": d.programs, "compiled": d.compiled,
                       "cache_hits": d.cache_hits}), flush=True)
   learner_lib.Learner.update = real_update

@@ -1,4 +1,4 @@
-"""Many runs in one process (experiments/inprocess.py, mtrl_jax/jit_reuse.py).
+"""Many runs in one process (mtrl_jax/inprocess.py, mtrl_jax/compile/programs.py).
 
 The quick tests check the shared programs piece by piece (sampler, sharded
 init); the slow ones run the main job: several runs in one process, against
@@ -10,18 +10,18 @@ import subprocess
 import sys
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
 
-from mtrl_jax import compile_cache, jit_reuse
+from mtrl_jax.compile import cache as compile_cache
+from mtrl_jax.compile import counts, programs
 from mtrl_jax.metrics import read_metrics
 from mtrl_jax.models.config import ModelConfig
 from mtrl_jax.models.transformer import Transformer
 from mtrl_jax.parallel.mesh import make_mesh
 from mtrl_jax.parallel.rules import DEFAULT_RULES
-from mtrl_jax.parallel.sharded_init import create_sharded
+from mtrl_jax.parallel.sharded_init import ModelOf, create_sharded
 from mtrl_jax.sampling.sampler import Sampler, SamplingParams
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -34,12 +34,11 @@ TINY = ModelConfig(vocab_size=64, dim=16, n_layers=1, n_heads=2, n_kv_heads=1, h
 
 @pytest.fixture(autouse=True)
 def programs_given_back():
-  """The tests below empty jit_reuse's process-wide programs; after each, the worker gets back what it
+  """The tests below empty the process-wide programs; after each, the worker gets back what it
   held, so later tests in this process do not compile again what earlier ones shared."""
-  held = dict(jit_reuse._PROGRAMS)
+  held = programs.held()
   yield
-  jit_reuse.clear()
-  jit_reuse._PROGRAMS.update(held)
+  programs.give_back(held)
 
 
 @pytest.fixture
@@ -52,9 +51,9 @@ def no_persistent_cache():
 
 
 def _compiled(fn):
-  before = compile_cache.compile_counts()
+  before = counts.compile_counts()
   out = fn()
-  return out, compile_cache.delta(before, compile_cache.compile_counts()).compiled
+  return out, counts.delta(before, counts.compile_counts()).compiled
 
 
 def _play(sampler, seed=0):
@@ -76,7 +75,7 @@ def test_second_sampler_of_equal_shapes_compiles_nothing_and_uses_its_own_weight
   A sampler with other stop ids gets its own program. Catches: stop ids left out of the shared key
   (the third sampler then stops at the first one's ids: its tokens differ from a fresh one's), the
   programs not shared (the second sampler compiles), weights baked into the shared program."""
-  jit_reuse.clear()
+  programs.clear()
   a = Sampler.from_model(Transformer(TINY, rngs=nnx.Rngs(0)), pad_id=0, stop_ids=[1], log_compiles=False)
   first, n_first = _compiled(lambda: _play(a))
   b_model = Transformer(TINY, rngs=nnx.Rngs(1))
@@ -87,7 +86,7 @@ def test_second_sampler_of_equal_shapes_compiles_nothing_and_uses_its_own_weight
   assert c_stops
   c = Sampler.from_model(b_model, pad_id=0, stop_ids=c_stops, log_compiles=False)
   third, _ = _compiled(lambda: _play(c))
-  jit_reuse.clear()  # the references: built from nothing
+  programs.clear()  # the references: built from nothing
   fresh_b = _play(Sampler.from_model(b_model, pad_id=0, stop_ids=[1], log_compiles=False))
   fresh_c = _play(Sampler.from_model(b_model, pad_id=0, stop_ids=c_stops, log_compiles=False))
   np.testing.assert_array_equal(second[0], fresh_b[0])
@@ -98,16 +97,15 @@ def test_second_sampler_of_equal_shapes_compiles_nothing_and_uses_its_own_weight
 
 
 def test_seeded_sharded_init_is_shared_across_seeds_with_each_seeds_values(no_persistent_cache):
-  """create_sharded(seed=...) gives the values of the unshared init with nnx.Rngs(seed), and a
-  second seed with the same reuse_key compiles nothing. Catches: the seed baked into the shared
+  """create_sharded(ModelOf(...), seed=...) gives the values of the unshared init with nnx.Rngs(seed),
+  and a second seed with an equal factory compiles nothing. Catches: the seed baked into the shared
   program (seed 1 would get seed 0's weights), the program not shared (seed 1 compiles)."""
-  jit_reuse.clear()
+  programs.clear()
   mesh = make_mesh((1, 1, 1), devices=jax.devices()[:1])
   rules = DEFAULT_RULES
 
   def make(seed):
-    return create_sharded(lambda rngs: Transformer(TINY, rngs=rngs), mesh, rules, seed=seed,
-                          reuse_key=("policy", TINY))
+    return create_sharded(ModelOf(Transformer, TINY), mesh, rules, seed=seed)
 
   m0, n0 = _compiled(lambda: make(0))
   m1, n1 = _compiled(lambda: make(1))
@@ -117,24 +115,6 @@ def test_seeded_sharded_init_is_shared_across_seeds_with_each_seeds_values(no_pe
     want = nnx.state(create_sharded(lambda: Transformer(TINY, rngs=nnx.Rngs(seed)), mesh, rules))
     for (p, w), (_, g) in zip(nnx.to_flat_state(want), nnx.to_flat_state(nnx.state(got))):
       np.testing.assert_array_equal(np.asarray(g.get_value()), np.asarray(w.get_value()), err_msg=str(p))
-
-
-def test_shared_jit_builds_once_per_key():
-  """Equal keys share one built object, other keys build their own. Catches a cache that ignores
-  the key (every caller gets the first program) or never hits."""
-  jit_reuse.clear()
-  built = []
-
-  def build(tag):
-    built.append(tag)
-    return jax.jit(lambda x: x + tag)
-
-  f = jit_reuse.shared_jit(("add", 1), lambda: build(1))
-  g = jit_reuse.shared_jit(("add", 1), lambda: build(1))
-  h = jit_reuse.shared_jit(("add", 2), lambda: build(2))
-  assert f is g and built == [1, 2]
-  assert float(h(jnp.float32(1))) == 3.0 and float(f(jnp.float32(1))) == 2.0
-  assert jit_reuse.size() == 2
 
 
 # ------------------------------------------------------------------ the main job, several runs
@@ -165,7 +145,8 @@ def runs(tmp_path_factory):
   d = {k: str(tmp / k) for k in ("seed0", "seed1", "resumed", "process")}
   spec = {"jobs": [_argv(0, d["seed0"]), _argv(1, d["seed1"]), _argv(1, d["resumed"]), _argv(1, d["resumed"])],
           "fail": {"job": 2, "update": 2}}
-  p = subprocess.run([sys.executable, os.path.join(HERE, "inprocess_worker.py"), json.dumps(spec)], cwd=ROOT,
+  # As a module from the checkout's root: the worker imports this checkout's package (and configs/).
+  p = subprocess.run([sys.executable, "-m", "tests.experiments.inprocess_worker", json.dumps(spec)], cwd=ROOT,
                      env=_env(), capture_output=True, text=True, timeout=1800)
   assert p.returncode == 0, p.stderr[-3000:]
   jobs = [json.loads(line) for line in p.stdout.splitlines() if line.startswith('{"job"')]
@@ -267,7 +248,8 @@ def test_sweep_in_process_runs_the_commands_it_would_launch(tmp_path, monkeypatc
   (config with the grid point, overrides, workdir), one run per grid point, each logging to its
   workdir's log.txt. Catches a flag dropped on the in-process path (checked: the workdir) and
   runs still launched as processes (checked: --in_process ignored)."""
-  from experiments import inprocess, sweep
+  from experiments import sweep
+  from mtrl_jax import inprocess
   got = []
   monkeypatch.setattr(inprocess, "run_argv", lambda argv, log_path=None: (got.append((argv, log_path)), (0, 0.0))[1])
   monkeypatch.setattr(sweep, "run_one", lambda *a: pytest.fail("a subprocess was launched"))
@@ -288,8 +270,9 @@ def test_study_in_process_runs_main_jobs_here_and_the_lab_in_its_own_process(tmp
   """The study's pool with in_process: a main-job command runs through the in-process runner with
   its flags, a lab command (not the main job) still as a process; finished runs get wall.json.
   Catches the lab pushed through the main-job runner, or in_process ignored."""
-  from experiments import inprocess, sweep
+  from experiments import sweep
   from experiments.study import runner
+  from mtrl_jax import inprocess
   ran_here, ran_apart = [], []
   monkeypatch.setattr(inprocess, "run_argv", lambda argv, log_path=None: (ran_here.append(argv), (0, 1.5))[1])
 

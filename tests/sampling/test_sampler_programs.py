@@ -3,7 +3,7 @@ import jax
 import numpy as np
 from flax import nnx
 
-from mtrl_jax import compile_cache
+from mtrl_jax.compile import counts
 from mtrl_jax.sampling.sampler import Sampler, SamplingParams
 from sampling_fixtures import PAD, tiny_policy
 
@@ -17,7 +17,7 @@ def test_a_new_length_bucket_compiles_one_program():
   state = s.init_state(2, 64)
   state = s.append(state, [[5, 6, 7], [8, 9]])  # bucket 16
   out, state = s.generate(state, jax.random.key(0), 4, params=SamplingParams(greedy=True))
-  before = compile_cache.compile_counts()
+  before = counts.compile_counts()
   state = s.append(state, [list(range(10, 30)), [11]])  # 20 tokens: bucket 24, a new shape
-  assert compile_cache.delta(before, compile_cache.compile_counts()).programs == 1
+  assert counts.delta(before, counts.compile_counts()).programs == 1
   assert np.asarray(s.lengths(state)).tolist() == [3 + 4 + 20, 2 + 4 + 1]

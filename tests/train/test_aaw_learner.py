@@ -10,7 +10,7 @@ from tiny_world import G, T, flat, host, learner, sessions_v0
 from mtrl_jax.config import base_config, validate
 from mtrl_jax.credit.batch import CreditBatch
 from mtrl_jax.rollout.packing import pack_sessions
-from mtrl_jax.train.learner import aaw_rows
+from mtrl_jax.train.credit_step import aaw_rows
 
 
 @pytest.mark.parametrize("field, value, match", [

@@ -4,7 +4,7 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mtrl_jax.train.learner import MISMATCH_RATIO_BAND, sampler_mismatch
+from mtrl_jax.train.scoring import MISMATCH_RATIO_BAND, sampler_mismatch
 
 
 def test_hand_worked_band_edges():

@@ -73,20 +73,15 @@ def test_a_finite_loss_with_nonfinite_gradients_is_refused(monkeypatch, request)
   real = rl_step.policy_loss
   monkeypatch.setattr(rl_step, "policy_loss", lambda cfg, logp, *a, **k: real(cfg, poison_grad(logp), *a, **k))
   # A learner of its own (not the cached one): its step is traced with the patch in place. The
-  # process-wide program cache (mtrl_jax/jit_reuse.py) would hand it the clean learner's step of the
+  # process-wide program cache (mtrl_jax/compile/programs.py) would hand it the clean learner's step of the
   # same key, so it is emptied before (the patched step is built anew) and, after, given back what it
   # held (no later test of this worker may get the poisoned program, and none has to compile again
   # the programs earlier tests shared: clearing it for good cost every later test of the worker its
   # compiles).
-  from mtrl_jax import jit_reuse
-  held = dict(jit_reuse._PROGRAMS)
-  jit_reuse.clear()
-
-  def give_back():
-    jit_reuse.clear()
-    jit_reuse._PROGRAMS.update(held)
-
-  request.addfinalizer(give_back)
+  from mtrl_jax.compile import programs
+  held = programs.held()
+  programs.clear()
+  request.addfinalizer(lambda: programs.give_back(held))
   lrn = _learner.__wrapped__("separate", (("max_nonfinite", 99),))
   lrn.update(list(sessions_v0(1)), 0)  # refused as well: the state is still the initial one
   before = host(lrn.state)

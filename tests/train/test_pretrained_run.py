@@ -13,7 +13,7 @@ import pytest
 pytest.importorskip("tokenizers")
 pytest.importorskip("jinja2")
 
-from mtrl_jax.train.learner import sampler_mismatch  # noqa: E402
+from mtrl_jax.train.scoring import sampler_mismatch  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 

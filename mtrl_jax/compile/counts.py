@@ -1,31 +1,21 @@
-"""JAX's persistent compilation cache and a count of what was compiled.
+"""A count of what this process compiled, through `jax.monitoring`.
 
-On a CPU most of a short run is XLA compiling (issue 33: 85% of the SmolLM2
-job). JAX can keep every compiled program on disk, keyed by the program, its
-devices and the compiler's version and flags, and load it in the next process
-instead of compiling it again. `setup` turns that on for the process (the main
-job, the study and the lab call it with config.compile_cache); `compile_counts`
-counts, through `jax.monitoring`, how many programs this process asked XLA for,
-how many came from the cache and how long it all took, so a run can log what
-each stage compiled.
+How many programs this process asked XLA for, how many came from the
+persistent cache and how long it all took, so a run can log what each stage
+compiled.
 
     before = compile_counts()
     ...                                # anything that compiles
     d = delta(before, compile_counts())
     d.compiled                         # programs XLA really compiled (not loaded)
+
+    laps = Laps()                      # per stage: each lap what happened since the last
+    ...; laps.lap().compiled
 """
 from __future__ import annotations
 
 import dataclasses
-import os
 import threading
-
-# config.compile_cache's default: the user cache folder (see default_dir).
-AUTO = "auto"
-# Where "auto" points instead of the user cache folder; set and empty, no cache.
-# (The tests set it empty for the job subprocesses they launch; the study points
-# its runs at one folder under its root.)
-ENV = "MTRL_COMPILE_CACHE"
 
 # jax.monitoring's event names (jax/_src/dispatch.py, compiler.py; checked on jax 0.10).
 # The backend-compile duration wraps jax's compile_or_get_cached: it fires once per
@@ -104,7 +94,7 @@ def _on_duration(event: str, duration: float, **_) -> None:
         _totals["programs"] += 1
 
 
-def _register() -> None:
+def start_counting() -> None:
   """The listeners, once per process (jax.monitoring keeps them for the process's life)."""
   global _registered
   with _lock:
@@ -118,47 +108,27 @@ def _register() -> None:
 
 def compile_counts() -> CompileStats:
   """A snapshot of this process's totals (counting starts at the first call of this or `setup`)."""
-  _register()
+  start_counting()
   with _lock:
     return CompileStats(**_totals)
 
 
-def default_dir() -> str:
-  """The user cache folder: $XDG_CACHE_HOME/mtrl_jax/jax, else ~/.cache/mtrl_jax/jax."""
-  root = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-  return os.path.join(root, "mtrl_jax", "jax")
+class Laps:
+  """What was compiled between one `lap` and the next (the stages of a run), and in all.
 
-
-def resolve(cache_dir: str | None) -> str | None:
-  """The folder config.compile_cache names: "auto" -> $MTRL_COMPILE_CACHE or default_dir(); ""/None -> None."""
-  if cache_dir == AUTO:
-    cache_dir = os.environ[ENV] if ENV in os.environ else default_dir()
-  if not cache_dir:
-    return None
-  return os.path.abspath(os.path.expanduser(cache_dir))
-
-
-def setup(cache_dir: str | None = AUTO) -> str | None:
-  """Turns JAX's persistent compilation cache on in `cache_dir` (see `resolve`), or off.
-
-  Every program is cached, however small or quick to compile: on a CPU the many
-  small ones are most of the compiling (JAX's defaults skip programs compiled in
-  under a second). Returns the folder in use, None when off. Starts the counters.
+  Each lap's counts start where the last one ended: a stage's line says what
+  that stage compiled, not everything since the run began.
   """
-  import jax
-  from jax.experimental.compilation_cache import compilation_cache as cc
-  _register()
-  path = resolve(cache_dir)
-  if path is not None:
-    os.makedirs(path, exist_ok=True)
-    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
-    jax.config.update("jax_persistent_cache_min_entry_size_bytes", -1)  # -1: no minimum, no override
-  if jax.config.jax_compilation_cache_dir != path:
-    jax.config.update("jax_compilation_cache_dir", path)
-    # JAX opens its cache once, at the first compile: a folder set later needs a fresh start.
-    cc.reset_cache()
-  return path
 
+  def __init__(self):
+    self.first = self.last = compile_counts()
 
-def describe(path: str | None) -> str:
-  return f"compilation cache: {path}" if path else "compilation cache: off (config.compile_cache='')"
+  def lap(self) -> CompileStats:
+    """What was compiled since the last lap (or since this object was made)."""
+    now = compile_counts()
+    d, self.last = delta(self.last, now), now
+    return d
+
+  def total(self) -> CompileStats:
+    """What was compiled from this object's making to the last lap."""
+    return delta(self.first, self.last)

@@ -3,18 +3,19 @@
 A study or sweep launches each run as `python -m mtrl_jax.main --config=... --workdir=...`:
 every process starts JAX again and compiles every program again (or loads it
 from the persistent cache). Run here instead, the runs share this process's
-compiled programs: the jitted steps are built once per key of what determines
-the program (mtrl_jax/jit_reuse.py), so a second run of equal shapes (another
-seed, an arm that changes no program) compiles nothing.
+compiled programs: the jitted steps are built once per spec of what determines
+the program (mtrl_jax/compile/programs.py), so a second run of equal shapes
+(another seed, an arm that changes no program) compiles nothing.
 
 A run is still exactly `mtrl_jax.main`: the same config loading
 (ml_collections config file + `--config.FIELD=VALUE` overrides, locked), the
-same `Run(config, workdir).run()`, the same exit codes (0 done, 3 non-finite
-loss, 1 any other error), its stdout/stderr appended to the same
-`<workdir>/log.txt` the subprocess launcher writes. Resuming is the same too:
-the workdir's checkpoint decides where a run starts.
+same job (mtrl_jax/job.py's `run_job`: stages, summary line, exit codes 0 done,
+3 non-finite loss, 1 any other error), its stdout/stderr appended to the same
+`<workdir>/log.txt` the subprocess launcher writes (appended: a relaunched
+run's log keeps the killed attempt's traceback). Resuming is the same too: the
+workdir's checkpoint decides where a run starts.
 
-  from inprocess import run_argv
+  from mtrl_jax.inprocess import run_argv
   rc, secs = run_argv(["--config=configs/default.py:seed=1", "--workdir=/tmp/r1"], log_path="/tmp/r1/log.txt")
 
 Runs on one process only (no jax.distributed job: a pod runs one run per
@@ -24,13 +25,12 @@ from __future__ import annotations
 
 import contextlib
 import io
-import json
 import os
 import shlex
 import sys
 import time
-import traceback
 
+# The checkout this package sits in: runs start here, as the launchers start `python -m mtrl_jax.main`.
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
@@ -100,40 +100,18 @@ def run_argv(argv: list[str], log_path: str | None = None) -> tuple[int, float]:
 
 
 def _run(argv: list[str]) -> int:
-  from absl import logging
   try:
     c, workdir = parse_argv(argv)
   except Exception as e:  # absl: a bad flag; ml_collections: a bad override
     print(f"error: {type(e).__name__}: {e}", file=sys.stderr)
     return 1
-  from mtrl_jax import compile_cache
-  from mtrl_jax import config as config_lib
-  from mtrl_jax.metrics import say
-  from mtrl_jax.train.learner import NonFiniteError
-  from mtrl_jax.train.run import Run
-  # As main.py does: library INFO logs drown the progress lines; the persistent compilation
-  # cache (config.compile_cache) set before anything compiles (a folder already set stays open).
-  logging.set_verbosity(logging.WARNING)
-  try:
-    config_lib.validate_compile_cache(c)
-  except ValueError as e:
-    print(f"error: {e}", file=sys.stderr)
-    return 1
-  say(compile_cache.describe(compile_cache.setup(c.compile_cache)))
+  from mtrl_jax.job import run_job
   cwd = os.getcwd()
   try:
     os.chdir(REPO)  # relative paths in a config (demos, init_from) mean what they mean to main, run from here
-    summary = Run(c, workdir).run()
-  except NonFiniteError as e:
-    print(f"error: {e}", file=sys.stderr)
-    return 3
-  except Exception:  # a failed run is its exit code, as a subprocess's would be: the next run goes on
-    traceback.print_exc()
-    return 1
+    return run_job(c, workdir).code
   finally:
     os.chdir(cwd)
-  print(json.dumps({k: v for k, v in summary.items() if isinstance(v, (int, float))}))
-  return 0
 
 
 def run_commands(jobs: list[tuple[str, list[str], str]]):

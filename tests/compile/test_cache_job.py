@@ -1,4 +1,4 @@
-"""mtrl_jax/compile_cache.py: the persistent compilation cache a job sets up, and the compile counts it logs.
+"""mtrl_jax/compile/cache.py and counts.py: the persistent compilation cache a job sets up, and the compile counts it logs.
 
 The cache is per process, so every check runs in fresh subprocesses (this test process keeps
 tests/conftest.py's own cache untouched).
@@ -13,20 +13,21 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from mtrl_jax import compile_cache
+from mtrl_jax.compile import cache as compile_cache
+from mtrl_jax.compile import counts
 from mtrl_jax import config as config_lib
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 # A process that compiles three small programs (one function at two shapes, one other)
-# after compile_cache.setup(argv[1]) (argv[2], if given: a second setup before the last
+# after cache.setup(argv[1]) (argv[2], if given: a second setup before the last
 # program), and prints what it counted.
 _SCRIPT = """
 import json, sys
 import jax, jax.numpy as jnp, numpy as np
-from mtrl_jax import compile_cache as cc
+from mtrl_jax.compile import cache as cc, counts
 path = cc.setup(sys.argv[1])
-before = cc.compile_counts()
+before = counts.compile_counts()
 f = jax.jit(lambda x: jnp.sin(x) * 3.0 + 1.0)
 f(np.ones(3, np.float32)).block_until_ready()  # numpy inputs: no jnp.ones programs
 f(np.ones(5, np.float32)).block_until_ready()
@@ -34,7 +35,7 @@ f(np.ones(5, np.float32)).block_until_ready()  # the same program again: no comp
 if len(sys.argv) > 2:
   path = cc.setup(sys.argv[2])
 jax.jit(lambda x: jnp.cos(x) - 2.0)(np.ones(4, np.float32)).block_until_ready()
-d = cc.delta(before, cc.compile_counts())
+d = counts.delta(before, counts.compile_counts())
 print(json.dumps({"path": path, "programs": d.programs, "compiled": d.compiled, "hits": d.cache_hits,
                   "writes": d.cache_writes, "backend_s": d.backend_s}))
 """
@@ -96,16 +97,16 @@ def test_resolve(monkeypatch, tmp_path):
   assert compile_cache.resolve(str(tmp_path / "x")) == str(tmp_path / "x")
 
 
-_stats = st.builds(compile_cache.CompileStats, st.integers(0, 10**6), st.integers(0, 10**6), st.integers(0, 10**6),
+_stats = st.builds(counts.CompileStats, st.integers(0, 10**6), st.integers(0, 10**6), st.integers(0, 10**6),
                    st.floats(0, 1e6), st.floats(0, 1e6), st.floats(0, 1e6))
 
 
 @given(_stats, _stats)
 def test_delta_undoes_adding(a, b):
   """Break checked: delta subtracting the wrong way round (before - after) fails the first assert."""
-  total = compile_cache.CompileStats(*(getattr(a, f) + getattr(b, f) for f in
+  total = counts.CompileStats(*(getattr(a, f) + getattr(b, f) for f in
                                        ("programs", "cache_hits", "cache_writes", "backend_s", "trace_s", "lower_s")))
-  d = compile_cache.delta(a, total)
+  d = counts.delta(a, total)
   assert (d.programs, d.cache_hits, d.cache_writes) == (b.programs, b.cache_hits, b.cache_writes)
   assert d.backend_s == pytest.approx(b.backend_s, abs=1e-6) and d.trace_s == pytest.approx(b.trace_s, abs=1e-6)
   assert d.compiled == b.programs - b.cache_hits
@@ -144,7 +145,7 @@ def test_second_main_job_compiles_nothing_the_first_compiled(tmp_path):
   counts)"). Its stages are cut to building the run and the demos (what the model's init
   compiles): benchmarks/RESULTS.md has the whole SmolLM2 job's counts.
 
-  Breaks checked (on a copy of the tree): main.py not calling compile_cache.setup -> the second
+  Breaks checked (on a copy of the tree): the job (mtrl_jax/job.py) not calling cache.setup -> the second
   run compiles startup's 4 programs again; train/run.py never moving its baseline (each record the
   run's running total) -> the demos record repeats startup's programs."""
   sys.path.insert(0, os.path.join(ROOT, "tests", "train"))
