@@ -238,15 +238,17 @@ class Learner:
       return np.asarray(jax.device_get(self._values(self.state.policy, critic, *dev)))
 
   def critic_readout(self, sessions: Sequence[Session], pb: PackedBatch, values_bt, *, boot: int = 0,
-                     seed: int = 0) -> dict:
+                     seed: int = 0, with_oracle: bool = False):
     """train/critic_readout.py on a batch: the critic (values scored before any fit on it) against
-    Monte-Carlo return-to-go, and on probes that declare their decision, the oracle critic
-    (`boot` > 0: with its session-bootstrap intervals, as critic_readout.readout)."""
+    Monte-Carlo return-to-go and the oracle critic (`boot` > 0: with its session-bootstrap intervals,
+    as critic_readout.readout). `with_oracle`: (readout, MC targets, oracle values) instead."""
     mc = self.mc_targets(pb)
-    first = [sessions[i].turns[0].action if i >= 0 and sessions[i].turns else None for i in pb.session_index_b]
-    return critic_readout.readout(values_bt, mc, pb.loss_mask_bt, pb.turn_idx_bt, first_actions_b=first,
-                                  group_b=pb.group_id_b, decision_fn=self.decision_fn,
-                                  value_fn=self.decision_value, boot=boot, seed=seed)
+    first, seen = first_turns(sessions, pb.session_index_b)
+    out, oracle = critic_readout.readout_and_oracle(
+        values_bt, mc, pb.loss_mask_bt, pb.turn_idx_bt, first_actions_b=first, group_b=pb.group_id_b,
+        decision_fn=self.decision_fn, value_fn=self.decision_value, boot=boot, seed=seed,
+        first_observations_b=seen)
+    return (out, mc, oracle) if with_oracle else out
 
   def rl_batch(self, pb: PackedBatch, plan: Optional[RowPlan], prox, ref, adv, target, values) -> RLBatch:
     """The update's per-token fields ([B, T] host arrays) in the layout the step trains on."""
@@ -429,6 +431,13 @@ class Learner:
 
 
 MISMATCH_RATIO_BAND = (0.9, 1.1)
+
+
+def first_turns(sessions: Sequence[Session], session_index_b) -> tuple[list, list]:
+  """Each row's session's turn-0 action and observation (None, None on a padding row): the critic
+  readout's decision (Env.first_decision) reads both."""
+  turns = [sessions[i].turns[0] if i >= 0 and sessions[i].turns else None for i in session_index_b]
+  return [t and t.action for t in turns], [t and t.observation for t in turns]
 
 
 def sampler_mismatch(prox_logp_bt, behav_logp_bt, loss_mask_bt, version_bt, version: int) -> dict:
