@@ -258,7 +258,8 @@ def readout_rounds(v) -> int:
 
 def _round_record(held_out: dict, stats_window: list, seed: int) -> vp_stop.RoundRecord:
   ratio, lo, hi = vp_stop.pooled_ratio(stats_window, boot=WINDOW_BOOT, seed=seed)
-  return vp_stop.RoundRecord(float(held_out["r2"]), ratio, lo, hi)
+  own, _, _ = critic_bar.ratio_of(held_out)
+  return vp_stop.RoundRecord(float(held_out["r2"]), ratio, lo, hi, own)
 
 
 def stage(run) -> dict:
@@ -304,14 +305,18 @@ def stage(run) -> dict:
     held_out = pre.readout(sessions, pb, values)  # before this round's fit: held out
     window = (window + [pre.last_stats])[-int(v.window):]
     records.append(_round_record(held_out, window, c.seed * 100_003 + r))
-    fit = pre.fit(pb, pre.targets(pb, values), seed=r)
-    steps_done += fit["steps"]
-    # The slowest host's clock: every host must take the same decision (one stopping alone would hang the others).
-    spent = max(allgather_objects(time.monotonic() - t0))
+    # A target ratio stops before this round's fit: RL gets the critic this readout scored (vp_stop.py).
     d = vp_stop.decide(records, steps_done, spent, rule)
+    fit = {}
+    if d.reason != "ratio":
+      fit = pre.fit(pb, pre.targets(pb, values), seed=r)
+      steps_done += fit["steps"]
+      # The slowest host's clock: every host must decide alike (one stopping alone would hang the others).
+      spent = max(allgather_objects(time.monotonic() - t0))
+      d = vp_stop.decide(records, steps_done, spent, rule)
     last = records[-1]
     rec = {**info, **{f"value_pretrain/{k}": x for k, x in held_out.items()},
-           "value_pretrain/fit_loss": fit["fit_loss"], "value_pretrain/nonfinite_steps": fit["nonfinite_steps"],
+           **{f"value_pretrain/{k}": fit[k] for k in ("fit_loss", "nonfinite_steps") if k in fit},
            "value_pretrain/critic_steps": steps_done, "value_pretrain/seconds": spent,
            "value_pretrain/smoothed_r2": d.smoothed, "value_pretrain/best_r2": d.best,
            "value_pretrain/rounds_since_best": d.since}
@@ -319,6 +324,8 @@ def stage(run) -> dict:
       rec["value_pretrain/window_ratio"] = last.ratio
       if last.ratio_lo is not None:
         rec.update({"value_pretrain/window_ratio_lo": last.ratio_lo, "value_pretrain/window_ratio_hi": last.ratio_hi})
+    if last.own_ratio is not None:
+      rec["value_pretrain/round_ratio"] = last.own_ratio
     run.writer.write(r, "value_pretrain", rec)
     prog.update(r + 1, ev=held_out["explained_variance"], r2=held_out["r2"],
                 **({"ratio": last.ratio} if last.ratio is not None else {}))

@@ -8,8 +8,12 @@ fitting while its held-out readout still improves, and stops at the first of:
 * `bar`: the critic is at the bar (train/critic_bar.py's rule, on the ratio of
   its EV to the oracle critic's, pooled over the last `window` rounds with a
   session-bootstrap interval: its lower end >= 0.8);
-* `ratio`: `stop_at_ratio` > 0 and that pooled ratio has reached it (a
-  deliberately partial critic, e.g. 0.3-0.6 for the study's third round);
+* `ratio`: `stop_at_ratio` > 0 and the latest round's own ratio has reached it
+  (a deliberately partial critic, e.g. 0.3-0.6 for the study's third round).
+  Not the pooled one: while the critic learns, the window lags it by a round
+  or two, and a partial critic's target would be overshot. The stage checks it
+  before fitting the round too, so the critic handed to RL is the one that
+  readout scored (one more fit can add 0.1-0.2 to the ratio at the rise);
 * `plateau`: the smoothed score (the mean held-out R^2 of the last `window`
   rounds) has not beaten its best by more than `min_delta` for `patience`
   rounds (0: never); the window averages out one batch's luck (the oracle's
@@ -23,7 +27,8 @@ head's first progress is the mean return, which EV cannot see (any constant
 scores EV 0). Once the mean is fitted the two agree.
 
 Each round's record is what the stage measured after scoring that round's
-fresh batch (before fitting it): its R^2 and the pooled ratio with its ends.
+fresh batch (before fitting it): its R^2, the pooled ratio with its ends and
+the round's own ratio.
 The rule reads only the records, the steps and the seconds, so a resumed stage
 (records kept in the checkpoint's meta) decides exactly as an unbroken one.
 """
@@ -51,11 +56,13 @@ class Rule(NamedTuple):
 
 
 class RoundRecord(NamedTuple):
-  """One round's held-out readout: its R^2, and the ratio pooled over the window ending here."""
+  """One round's held-out readout: its R^2, the ratio pooled over the window ending here (with its
+  interval's ends), and this round's own ratio."""
   r2: float
   ratio: Optional[float] = None
   ratio_lo: Optional[float] = None
   ratio_hi: Optional[float] = None
+  own_ratio: Optional[float] = None
 
 
 class Decision(NamedTuple):
@@ -105,7 +112,7 @@ def decide(records: Sequence[RoundRecord], steps: int, seconds: float, rule: Rul
 
   if rule.stop_at_bar and bar_of(last.ratio, last.ratio_lo, last.ratio_hi) == "yes":
     return out("bar")
-  if rule.stop_at_ratio > 0 and _finite(last.ratio) and last.ratio >= rule.stop_at_ratio:
+  if rule.stop_at_ratio > 0 and _finite(last.own_ratio) and last.own_ratio >= rule.stop_at_ratio:
     return out("ratio")
   if steps >= rule.cap_steps:
     return out("steps")

@@ -20,7 +20,7 @@ def run(r2s, rule=DEFAULT, ratios=None, seconds_a_round=1.0):
   """(round it stopped after (1-based), reason) feeding the rule one round at a time, as the stage does."""
   recs = []
   for i, r2 in enumerate(r2s):
-    ratio = (None, None, None) if ratios is None else ratios[i]
+    ratio = (None, None, None, None) if ratios is None else tuple(ratios[i]) + (None,) * (4 - len(ratios[i]))
     recs.append(RoundRecord(r2, *ratio))
     d = vp_stop.decide(recs, (i + 1) * STEPS_A_ROUND, (i + 1) * seconds_a_round, rule)
     if d.stop:
@@ -93,9 +93,12 @@ def test_stops_at_the_bar_on_the_pooled_ratio_interval():
 
 
 def test_stops_at_a_target_ratio_for_a_partial_critic():
-  """stop_at_ratio 0.45 (a partial critic): the first round whose pooled ratio reaches it; the bar
-  is never reached. Break checked: the target read on the interval's upper end (round 2 stops)."""
-  ratios = [(0.1, 0.0, 0.3), (0.3, 0.1, 0.5), (0.47, 0.3, 0.6), (0.7, 0.5, 0.9)]
+  """stop_at_ratio 0.45 (a partial critic): the first round whose *own* ratio reaches it (round 3:
+  0.5), though the pooled window still lags (0.3); the bar is never reached.
+
+  Breaks checked: the target read on the pooled ratio (round 4 stops, one round of learning late);
+  read on the pooled interval's upper end (round 2 stops at an own ratio of 0.3)."""
+  ratios = [(0.1, 0.0, 0.3, 0.1), (0.2, 0.1, 0.5, 0.3), (0.3, 0.2, 0.4, 0.5), (0.5, 0.4, 0.6, 0.7)]
   assert run([0.1, 0.2, 0.3, 0.4], DEFAULT._replace(stop_at_ratio=0.45), ratios=ratios) == (3, "ratio")
 
 
