@@ -151,7 +151,9 @@ def report(out: str) -> str:
         r = recs.get(f"rl,h={h},seed={seed},arm={arm}")
         if r:
           finals[arm][seed] = r["final"].get("final/eval/success")
-          lines.append(f"h={h} seed={seed} {arm}: final success {finals[arm][seed]:.3f} ({r['wall_s']:.0f} s)")
+          cued = r["final"].get("final/eval/decision_cued", float("nan"))
+          lines.append(f"h={h} seed={seed} {arm}: final success {finals[arm][seed]:.3f}, follows the sign "
+                       f"{cued:.3f} ({r['wall_s']:.0f} s)")
     seeds, d = stats.paired(finals[ARMS[0]], finals[ARMS[1]])
     t = stats.paired_test(d)
     if t is not None:
