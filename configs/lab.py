@@ -56,7 +56,8 @@ def get_config(arg=None):
   c.rl.estimator = "gae"  # value pretraining fits Monte-Carlo targets (lambda_critic = 1)
   c.rl.estimator_kwargs = {"lambda_policy": 0.95, "lambda_critic": 1.0}
   # Value pretraining at its defaults (train/value_pretrain.py): Monte-Carlo targets, 32-task
-  # rounds, 160 critic steps with an optimiser of its own.
+  # rounds, an optimiser of its own, until the critic is at the bar, stops improving or reaches its
+  # cap (train/vp_stop.py; 160 fixed critic steps before issue 43).
   c.rl.group_size = a["group"]
   c.rl.minibatches = 1
   c.checkpoint.every = 10**6  # save only at stage ends

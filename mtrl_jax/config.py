@@ -95,13 +95,19 @@ def base_config() -> ml_collections.ConfigDict:
   # policy's returns before RL, with an optimiser of its own (RL's critic optimiser starts fresh).
   c.value_pretrain = ml_collections.ConfigDict(dict(
       enabled=True,
-      steps=160,  # the budget: critic optimiser steps (rounds x epochs x minibatches)
+      # When it stops (train/vp_stop.py, docs/critic.md): at the bar, at stop_at_ratio, on a plateau of
+      # the held-out readout, or at a cap: `steps` critic optimiser steps (rounds x epochs x
+      # minibatches) or `max_seconds` of wall time (0 = none).
+      steps=800, max_seconds=3600.0,
       tasks_per_round=32,  # each round plays this many fresh tasks x rl.group_size sessions
       epochs=2, minibatches=4,
       lr=1e-3, warmup_steps=5,  # constant after the warm-up
       targets="mc",  # mc: Monte-Carlo return-to-go (VC-PPO) | estimator: the RL estimator's critic targets
-      patience=0,  # rounds without held-out R^2 gain > min_delta before stopping; 0 = spend the budget
+      window=4,  # rounds the held-out readout is smoothed (R^2) and pooled (the ratio to the oracle) over
+      patience=24,  # rounds without a smoothed R^2 gain > min_delta before stopping; 0 = never (to a cap)
       min_delta=0.01,
+      stop_at_bar=True,  # stop once the pooled ratio's 95% interval is at or above the bar (0.8)
+      stop_at_ratio=0.0,  # > 0: stop once the pooled ratio reaches this (a deliberately partial critic)
       # The final readout (the critic handed to RL): this many fresh tasks, played in rounds of
       # tasks_per_round, with session-bootstrap intervals; 0 = one round's worth.
       readout_tasks=0,
@@ -336,7 +342,14 @@ def validate(c: ml_collections.ConfigDict, num_devices: int | None = None) -> No
   _positive(c, "value_pretrain.steps", "value_pretrain.tasks_per_round", "value_pretrain.epochs",
             "value_pretrain.minibatches", "value_pretrain.lr")
   _check(v.targets in ("mc", "estimator"), "value_pretrain.targets", f"{v.targets!r} not in ('mc', 'estimator')")
-  _check(v.patience >= 0, "value_pretrain.patience", f"must be >= 0 (0 = spend the budget), got {v.patience}")
+  _check(v.patience >= 0, "value_pretrain.patience", f"must be >= 0 (0 = never stop on a plateau), got {v.patience}")
+  _check(v.min_delta >= 0, "value_pretrain.min_delta", f"must be >= 0, got {v.min_delta}")
+  _check(v.max_seconds >= 0, "value_pretrain.max_seconds", f"must be >= 0 (0 = no wall-time cap), got {v.max_seconds}")
+  _check(int(v.window) == v.window and v.window >= 1, "value_pretrain.window",
+         f"must be a whole number of rounds >= 1, got {v.window}")
+  _check(isinstance(v.stop_at_bar, bool), "value_pretrain.stop_at_bar", f"must be True or False, got {v.stop_at_bar!r}")
+  _check(0 <= v.stop_at_ratio <= 2, "value_pretrain.stop_at_ratio",
+         f"must be in [0, 2] (0 = off; a ratio of the critic's EV to the oracle's), got {v.stop_at_ratio}")
   _check(v.warmup_steps >= 0, "value_pretrain.warmup_steps", f"must be >= 0, got {v.warmup_steps}")
   _check(v.readout_tasks >= 0, "value_pretrain.readout_tasks",
          f"must be >= 0 (0 = one round of tasks_per_round), got {v.readout_tasks}")

@@ -110,3 +110,28 @@ def test_value_pretraining_refuses_lora_critics_it_cannot_fit(kind, rank):
     check_supported(c)
   c.critic.kind = "separate"
   check_supported(c)
+
+
+@pytest.mark.parametrize("field,value", [("max_seconds", -1.0), ("window", 0), ("patience", -1),
+                                         ("min_delta", -0.1), ("stop_at_ratio", -0.2), ("stop_at_ratio", 3.0),
+                                         ("steps", 0)])
+def test_value_pretraining_stopping_fields_are_validated_by_name(field, value):
+  """Every field of value pretraining's stopping rule (train/vp_stop.py) is refused out of range with
+  an error naming it; the defaults validate (a wrong type, e.g. window=2.5, the locked ConfigDict
+  refuses itself). Break checked: the window check removed (window 0 then smooths over no round:
+  validate passes, this fails)."""
+  c = config_lib.base_config()
+  config_lib.validate(c)
+  with c.unlocked():
+    c.value_pretrain[field] = value
+  with pytest.raises(ValueError, match=f"config.value_pretrain.{field}"):
+    config_lib.validate(c)
+
+
+def test_value_pretraining_stopping_fields_from_the_command_line():
+  """Declared with defaults: settable from the command line, and a typo fails before any compute."""
+  c = parse("--config=configs/default.py", "--config.value_pretrain.stop_at_ratio=0.45",
+            "--config.value_pretrain.max_seconds=600")
+  assert (c.value_pretrain.stop_at_ratio, c.value_pretrain.max_seconds) == (0.45, 600.0)
+  with pytest.raises(Exception, match="stop_at_ration"):
+    parse("--config=configs/default.py", "--config.value_pretrain.stop_at_ration=0.45")

@@ -187,14 +187,18 @@ class Env(abc.ABC):
     ...
 
   @staticmethod
-  def first_decision(action: str) -> str | None:
+  def first_decision(action: str, observation: str | None = None) -> str | None:
     """What the turn-0 action decided, for env-agnostic readouts (None: nothing declared).
 
     A probe whose future return depends only on its first choice (`bifurcation`'s
     arm, `memory`'s peek) names that choice here; the critic readout
-    (train/critic_readout.py) builds its oracle critic from it.
+    (train/critic_readout.py) builds its oracle critic from it. Where what the
+    choice is worth depends on what turn 0 showed (`delayed(cue=True)`: whether the
+    arm is the one the sign names), it reads `observation` (turn 0's observation)
+    too; an override may take the action alone. An env that declares nothing gets
+    the readout's empirical oracle, keyed by its task and turn-0 action.
     """
-    del action
+    del action, observation
     return None
 
   def decision_value(self, turn: int, decision: str) -> float | None:

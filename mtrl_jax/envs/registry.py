@@ -68,15 +68,18 @@ def names() -> list[str]:
   return sorted(_REGISTRY)
 
 
-def first_decision_fn(name: str) -> Callable[[str], str | None] | None:
-  """The registered env's `first_decision` (see Env), or None if it declares none."""
+def first_decision_fn(name: str) -> Callable[..., str | None] | None:
+  """The registered env's `first_decision` (see Env) as `fn(action, observation=None)`, or None if it
+  declares none. An env whose `first_decision` takes only the action gets the observation dropped."""
   _load_builtins()
   factory = _REGISTRY.get(name)
   fn = getattr(factory, "first_decision", None)
   from mtrl_jax.envs.base import Env
   if fn is None or fn is Env.first_decision:
     return None
-  return fn
+  if len(inspect.signature(fn).parameters) >= 2:
+    return fn
+  return lambda action, observation=None: fn(action)
 
 
 def decision_value_fn(name: str, kwargs: dict) -> Callable[[int, str], float | None] | None:

@@ -18,10 +18,16 @@ import random
 from mtrl_jax.envs.base import derive_seed
 
 
-def noise_rng(name: str, seed: int, session: int | None, crn: bool) -> random.Random:
-  """The hidden-randomness stream of one session of task `seed` (see the module doc)."""
+def noise_rng(name: str, seed: int, session: int | None, crn: bool, salt: int = 0) -> random.Random:
+  """The hidden-randomness stream of one session of task `seed` (see the module doc).
+
+  `salt` != 0 gives another reproducible stream for the same (task, session): a run that salts
+  with its own seed sees eval draws of its own on the eval tasks every run shares. 0 keeps the
+  streams every record so far was played with.
+  """
+  extra = (salt,) if salt else ()
   if crn:
-    return random.Random(derive_seed(name, "crn", seed))
+    return random.Random(derive_seed(name, "crn", seed, *extra))
   if session is None:
     return random.Random(random.SystemRandom().getrandbits(63))
-  return random.Random(derive_seed(name, "session", seed, session))
+  return random.Random(derive_seed(name, "session", seed, session, *extra))

@@ -230,8 +230,8 @@ def fit_coupled_critic(run, rounds: int) -> None:
   v = run.c.value_pretrain
   v.targets = "estimator"
   v.steps = rounds * v.epochs * v.minibatches
-  v.patience = 0
-  run.meta.update(stage=None, stage_step=0, vp_best=-np.inf, vp_since=0, vp_steps=0)
+  v.patience, v.stop_at_bar, v.stop_at_ratio, v.max_seconds = 0, False, 0.0, 0.0  # exactly `rounds` rounds
+  run.meta.update(stage=None, stage_step=0, vp_records=[], vp_window=[], vp_steps=0, vp_seconds=0.0)
   run.save = lambda *args, **kw: None  # this critic is the lab's own: never into the workdir's checkpoint
   run.stage_value_pretrain()
 

@@ -22,6 +22,24 @@ and the same Monte-Carlo (gamma 1, lambda 1) return-to-go targets:
   the other half of the groups, so it is not flattered by the batch it is
   scored on; with few groups it is noisy, and can score below 0).
 
+An env that declares no decision (a user's own env) still gets an oracle: the
+*empirical* one, each token's expected return-to-go given its task (the group:
+sessions of a group play one task), its turn and the session's turn-0 action
+text, estimated from the batch (`task_oracle_values`, `oracle_task_keyed` = 1
+in the readout). A task's group is small (4 sessions in the study), so a
+cross-fitted mean (from the group's other sessions) would be a noisy
+predictor whose own noise counts against it: with 2 sessions in a cell its
+residual variance doubles and the oracle's EV drops, which makes the bar easy
+to pass. Instead each cell's in-sample residuals are scaled by
+sqrt(W / (W - sum w^2 / W)) (w: a session's tokens in the cell, W their sum):
+the residual sum of squares is then an unbiased estimate of the true value's,
+the way an n - 1 divisor makes a sample variance unbiased. A cell with one
+session says nothing about its spread: its tokens get a residual the size of
+the other cells' pooled spread at that turn (`task_oracle_values`). It is the best
+value of (task, first action) only: where later replies matter too (a format
+penalty), a critic can beat it (ratio > 1). It needs groups of two sessions or
+more (`rl.group_size`); with one, it knows only the turn.
+
 And at the decision itself (`decision_error`, `decision_gap`, where the env
 has a decision): the critic's mean |V - V_oracle| on the turn-0 action tokens
 that follow the decision, and its value gap between the two choices beside
@@ -47,6 +65,7 @@ Pure numpy over host arrays; the caller passes the env's decision function.
 """
 from __future__ import annotations
 
+import math
 from typing import Callable, Optional, Sequence
 
 import numpy as np
@@ -235,6 +254,63 @@ def oracle_values(keys_bt, target_bt, fold_b, value_fn=None, decision_b=None) ->
   return out
 
 
+def task_oracle_values(turn_idx_bt, target_bt, mask_bt, group_b, first_actions_b) -> np.ndarray:
+  """f32[B, T]: the empirical oracle of an env without a declared decision (see the module doc).
+
+  A token's cell is (group, turn, turn-0 action), turn 0's first action token keyed '?' (undecided)
+  as in `token_keys`. In a cell of two sessions (rows) or more the token takes t - (t - mean) * f,
+  with the cell's token-weighted mean and f = sqrt(W / (W - sum w^2 / W)): its residual is the
+  in-sample one, scaled so the cell's residual sum of squares is unbiased for that of the true
+  conditional mean. A token alone in its cell gets a residual of the size the other cells at its
+  turn have (the square root of their pooled, unbiased within-cell variance; turn 0's undecided
+  cells pooled apart from its decided ones), signed as it sits
+  against its group's mean at that turn; where its turn has no such cell, the residual against the
+  turn's mean over the whole batch, scaled the same way (an oracle that knows only the turn).
+  """
+  t = np.asarray(target_bt, np.float64)
+  m = np.asarray(mask_bt) > 0
+  group = np.asarray(group_b)
+  keys = token_keys(turn_idx_bt, m, first_actions_b)
+  levels = (lambda b, k: (group[b], k[0], k[1]), lambda b, k: (group[b], k[0]), lambda b, k: (k[0],))
+  cells = [dict() for _ in levels]  # per level: cell -> {row: its token positions in the cell}
+  for b, p in zip(*np.nonzero(m)):
+    for lev, key_of in enumerate(levels):
+      cells[lev].setdefault(key_of(b, keys[b, p]), {}).setdefault(b, []).append(p)
+
+  def fit(rows):  # (weighted mean, unbiasing factor or None, residual SS, its expectation / sigma^2)
+    w = np.array([len(ps) for ps in rows.values()], np.float64)
+    big_w = w.sum()
+    mean = float(np.sum([t[b, ps].sum() for b, ps in rows.items()])) / big_w
+    d = big_w - float((w * w).sum()) / big_w
+    ss = float(np.sum([((t[b, ps] - mean) ** 2).sum() for b, ps in rows.items()]))
+    return mean, (math.sqrt(big_w / d) if len(rows) >= 2 and d > 1e-12 else None), ss, d
+
+  fits = [{cell: fit(rows) for cell, rows in level.items()} for level in cells]
+  # (turn, decided?) -> [sum of residual SS, sum of their expectations / sigma^2] over level-0 cells
+  # (turn 0's undecided cells hold every action: their spread is not a decided cell's)
+  pooled: dict = {}
+  for (_, turn, action), (_, f, ss, d) in fits[0].items():
+    if f is not None:
+      acc = pooled.setdefault((turn, action == UNDECIDED), [0.0, 0.0])
+      acc[0] += ss
+      acc[1] += d
+  out = np.zeros(t.shape, np.float64)
+  overall = float(t[m].mean()) if m.any() else 0.0
+  for b, p in zip(*np.nonzero(m)):
+    k = keys[b, p]
+    mean, f, _, _ = fits[0][levels[0](b, k)]
+    if f is not None:
+      out[b, p] = t[b, p] - (t[b, p] - mean) * f
+    elif pooled.get((k[0], k[1] == UNDECIDED), (0.0, 0.0))[1] > 0:
+      ss, d = pooled[(k[0], k[1] == UNDECIDED)]
+      size = math.sqrt(ss / d)
+      out[b, p] = t[b, p] - math.copysign(size, t[b, p] - fits[1][levels[1](b, k)][0])
+    else:
+      mean, f, _, _ = fits[2][levels[2](b, k)]
+      out[b, p] = t[b, p] - (t[b, p] - mean) * f if f is not None else overall
+  return out.astype(np.float32)
+
+
 def _decision_stats(values_bt, oracle_bt, keys_bt) -> dict:
   """Critic vs oracle on the turn-0 tokens after the decision (see the module doc)."""
   keys = np.asarray(keys_bt, dtype=object)
@@ -255,30 +331,50 @@ def _decision_stats(values_bt, oracle_bt, keys_bt) -> dict:
 
 
 def readout(values_bt, target_bt, mask_bt, turn_idx_bt, *, first_actions_b: Sequence[Optional[str]],
-            group_b: Sequence[int], decision_fn: Optional[Callable[[str], Optional[str]]],
+            group_b: Sequence[int], decision_fn: Optional[Callable[..., Optional[str]]],
             value_fn: Optional[Callable[[int, str], Optional[float]]] = None, boot: int = 0,
-            seed: int = 0) -> dict:
-  """The critic's fit and, if `decision_fn` is given, the oracle's beside it (module doc).
+            seed: int = 0, first_observations_b: Optional[Sequence[Optional[str]]] = None) -> dict:
+  """The critic's fit and the oracle's beside it (module doc).
 
   Args:
     values_bt, target_bt, mask_bt, turn_idx_bt: host arrays of one batch
       (target-aligned, as in rollout/packing.py); targets are MC return-to-go.
     first_actions_b: each row's session's turn-0 action text (None: padding row).
-    group_b: each row's group id (the oracle's folds are group parities).
-    decision_fn: the env's `first_decision`, or None.
+    group_b: each row's group id (the oracle's folds are group parities; the empirical oracle's
+      cells are groups).
+    decision_fn: the env's `first_decision`, or None (the empirical oracle, keyed by group and
+      turn-0 action; module doc).
     value_fn: the env's `decision_value` (closed-form oracle), or None.
     boot: > 0: add `ev_intervals` with this many session resamples (seeded by `seed`).
+    first_observations_b: each row's session's turn-0 observation; given, `decision_fn` is called as
+      decision_fn(action, observation) (registry.first_decision_fn's signature).
 
-  Returns keys explained_variance, r2 and, with a decision function,
-  oracle_explained_variance, oracle_r2, decision_error, decision_gap,
-  oracle_decision_gap; with `boot`, the intervals' keys and readout_sessions.
+  Returns keys explained_variance, r2, oracle_explained_variance, oracle_r2 and, with a decision
+  function, decision_error, decision_gap, oracle_decision_gap (without one, oracle_task_keyed = 1);
+  with `boot`, the intervals' keys and readout_sessions.
   """
+  return readout_and_oracle(values_bt, target_bt, mask_bt, turn_idx_bt, first_actions_b=first_actions_b,
+                            group_b=group_b, decision_fn=decision_fn, value_fn=value_fn, boot=boot, seed=seed,
+                            first_observations_b=first_observations_b)[0]
+
+
+def readout_and_oracle(values_bt, target_bt, mask_bt, turn_idx_bt, *, first_actions_b, group_b, decision_fn,
+                       value_fn=None, boot: int = 0, seed: int = 0,
+                       first_observations_b=None) -> tuple[dict, np.ndarray]:
+  """`readout`'s dict and the oracle's values [B, T] it scored (value pretraining pools them)."""
   out = fit_scores(values_bt, target_bt, mask_bt)
-  if decision_fn is None:
+  if decision_fn is None:  # the empirical oracle (module doc): sessions of a task share it, so
+    # the intervals resample whole groups
+    oracle = task_oracle_values(turn_idx_bt, target_bt, mask_bt, group_b, first_actions_b)
+    o = fit_scores(oracle, target_bt, mask_bt)
+    out.update(oracle_explained_variance=o["explained_variance"], oracle_r2=o["r2"], oracle_task_keyed=1.0)
     if boot:
-      out.update(ev_intervals(values_bt, target_bt, mask_bt, boot=boot, seed=seed))
-    return out
-  decisions = [None if a is None else decision_fn(a) for a in first_actions_b]
+      out.update(ev_intervals(values_bt, target_bt, mask_bt, oracle, boot=boot, seed=seed, cluster_b=group_b))
+    return out, oracle
+  if first_observations_b is None:
+    decisions = [None if a is None else decision_fn(a) for a in first_actions_b]
+  else:  # an env whose decision reads what turn 0 showed (Env.first_decision)
+    decisions = [None if a is None else decision_fn(a, o) for a, o in zip(first_actions_b, first_observations_b)]
   keys = token_keys(turn_idx_bt, mask_bt, decisions)
   oracle = oracle_values(keys, target_bt, np.asarray(group_b) % 2, value_fn, decisions)
   o = fit_scores(oracle, target_bt, mask_bt)
@@ -286,16 +382,25 @@ def readout(values_bt, target_bt, mask_bt, turn_idx_bt, *, first_actions_b: Sequ
   out.update(_decision_stats(values_bt, oracle, keys))
   if boot:
     out.update(ev_intervals(values_bt, target_bt, mask_bt, oracle, boot=boot, seed=seed))
-  return out
+  return out, oracle
+
+
+def first_turns(sessions: Sequence, session_index_b) -> tuple[list, list]:
+  """Each row's session's turn-0 action and observation (None, None on a padding row): the readout's
+  decision (Env.first_decision) reads both."""
+  turns = [sessions[i].turns[0] if i >= 0 and sessions[i].turns else None for i in session_index_b]
+  return [t and t.action for t in turns], [t and t.observation for t in turns]
 
 
 def batch_readout(sessions: Sequence, pb, values_bt, mc_bt, *, decision_fn=None, value_fn=None, boot: int = 0,
-                  seed: int = 0) -> dict:
+                  seed: int = 0, with_oracle: bool = False):
   """`readout` on a packed batch (rollout/packing.PackedBatch) of `sessions`: each row's turn-0 action
-  read from its session, MC targets `mc_bt`."""
-  first = [sessions[i].turns[0].action if i >= 0 and sessions[i].turns else None for i in pb.session_index_b]
-  return readout(values_bt, mc_bt, pb.loss_mask_bt, pb.turn_idx_bt, first_actions_b=first, group_b=pb.group_id_b,
-                 decision_fn=decision_fn, value_fn=value_fn, boot=boot, seed=seed)
+  and observation read from its session, MC targets `mc_bt`. `with_oracle`: (readout, oracle values)."""
+  first, seen = first_turns(sessions, pb.session_index_b)
+  out, oracle = readout_and_oracle(values_bt, mc_bt, pb.loss_mask_bt, pb.turn_idx_bt, first_actions_b=first,
+                                   group_b=pb.group_id_b, decision_fn=decision_fn, value_fn=value_fn, boot=boot,
+                                   seed=seed, first_observations_b=seen)
+  return (out, oracle) if with_oracle else out
 
 
 def explained_variance(v, t, m) -> float:

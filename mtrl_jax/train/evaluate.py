@@ -16,10 +16,20 @@ from mtrl_jax.rollout.ownership import HostShare
 from mtrl_jax.rollout.session import Session
 
 
-def session_stats(sessions: list[Session], prefix: str) -> dict:
+def decision_shares(sessions: list[Session], prefix: str, decision_fn) -> dict:
+  """`{prefix}decision_<d>`: the share of sessions whose turn-0 decision (Env.first_decision, called
+  as registry.first_decision_fn's `fn(action, observation)`) is d: e.g. how often the policy takes the
+  arm `delayed`'s sign shows (`eval/decision_cued`), sampled and greedy, beside the success rate."""
+  if decision_fn is None or not sessions:
+    return {}
+  got = [decision_fn(s.turns[0].action, s.turns[0].observation) for s in sessions if s.turns]
+  return {f"{prefix}decision_{d}": got.count(d) / len(sessions) for d in sorted(set(got) - {None})}
+
+
+def session_stats(sessions: list[Session], prefix: str, decision_fn=None) -> dict:
   n = max(len(sessions), 1)
   ok = [s for s in sessions if not s.env_error]
-  return {
+  return {**decision_shares(sessions, prefix, decision_fn),
       f"{prefix}success": sum(bool(s.success) for s in sessions) / n,
       f"{prefix}return": float(np.mean([s.episode_return for s in ok])) if ok else 0.0,
       f"{prefix}turns": float(np.mean([s.num_turns for s in sessions])) if sessions else 0.0,
@@ -38,8 +48,9 @@ def play_share(engine, seeds, rng, share: HostShare | None = None) -> list[Sessi
                     group_ids=list(js)).sessions
 
 
-def evaluate(engine_sampled, engine_greedy, seeds, rng, share: HostShare | None = None) -> dict:
-  """`eval/success` (sampled) and, given a greedy engine, `eval/greedy_success`; returns, turns, tokens.
+def evaluate(engine_sampled, engine_greedy, seeds, rng, share: HostShare | None = None, decision_fn=None) -> dict:
+  """`eval/success` (sampled) and, given a greedy engine, `eval/greedy_success`; returns, turns, tokens;
+  with the env's `decision_fn`, the shares of its turn-0 decisions (`decision_shares`).
 
   With `share` (several hosts) each host plays its block of the seeds and the
   statistics cover every host's sessions (all hosts must call this together).
@@ -47,7 +58,7 @@ def evaluate(engine_sampled, engine_greedy, seeds, rng, share: HostShare | None 
   def everyone(sessions):
     return sorted(sum(allgather_objects(sessions), []), key=lambda s: s.group_id)
 
-  out = session_stats(everyone(play_share(engine_sampled, seeds, rng, share)), "eval/")
+  out = session_stats(everyone(play_share(engine_sampled, seeds, rng, share)), "eval/", decision_fn)
   if engine_greedy is not None:
-    out.update(session_stats(everyone(play_share(engine_greedy, seeds, rng, share)), "eval/greedy_"))
+    out.update(session_stats(everyone(play_share(engine_greedy, seeds, rng, share)), "eval/greedy_", decision_fn))
   return out

@@ -259,12 +259,14 @@ class Learner:
       return np.asarray(jax.device_get(self._values(self.state.policy, critic, *dev)))
 
   def critic_readout(self, sessions: Sequence[Session], pb: PackedBatch, values_bt, *, boot: int = 0,
-                     seed: int = 0) -> dict:
+                     seed: int = 0, with_oracle: bool = False):
     """train/critic_readout.py on a batch: the critic (values scored before any fit on it) against
-    Monte-Carlo return-to-go, and on probes that declare their decision, the oracle critic
-    (`boot` > 0: with its session-bootstrap intervals, as critic_readout.readout)."""
-    return critic_readout.batch_readout(sessions, pb, values_bt, self.mc_targets(pb), decision_fn=self.decision_fn,
-                                        value_fn=self.decision_value, boot=boot, seed=seed)
+    Monte-Carlo return-to-go and the oracle critic (`boot` > 0: with its session-bootstrap intervals,
+    as critic_readout.readout). `with_oracle`: (readout, MC targets, oracle values) instead."""
+    mc = self.mc_targets(pb)
+    got = critic_readout.batch_readout(sessions, pb, values_bt, mc, decision_fn=self.decision_fn,
+                                       value_fn=self.decision_value, boot=boot, seed=seed, with_oracle=with_oracle)
+    return (got[0], mc, got[1]) if with_oracle else got
 
   # ------------------------------------------------------------------ helpers
   def _opt_shardings(self, tx, params, trainable):

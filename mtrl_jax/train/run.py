@@ -42,7 +42,7 @@ from mtrl_jax.parallel.sharded_step import join_trainable, sharding_context, spl
 from mtrl_jax.rollout.engine import RolloutEngine
 from mtrl_jax.rollout.ownership import host_share
 from mtrl_jax.sampling.sampler import Sampler, SamplingParams
-from mtrl_jax.train import adapters, optim
+from mtrl_jax.train import adapters, critic_bar, optim
 from mtrl_jax.train.checkpoint import Checkpointer, abstract_like, read_meta, restore_subtree
 from mtrl_jax.train.evaluate import evaluate
 from mtrl_jax.train.learner import Learner, NonFiniteError
@@ -204,6 +204,8 @@ class Run:
                          f"critic (same config.model, critic.kind 'separate'?): {e}") from e
       self.learner.state = self.learner.state._replace(critic=crit["critic"])
       self.meta["critic_ready"] = True
+      if "critic_readout" in meta:  # how good it was when that run handed it on (the RL stage's warning)
+        self.meta["critic_readout"] = meta["critic_readout"]
       done.append("value_pretrain")
       what = "policy and pretrained critic"
     self.meta["stages_done"] = done
@@ -301,7 +303,7 @@ class Run:
     sampled = self._engine(1, self._train_sampling())
     greedy = self._engine(1, SamplingParams(greedy=True)) if c.eval.greedy else None
     out = evaluate(sampled, greedy, seeds, jax.random.key(c.seed + 99),
-                   share=host_share(len(seeds), allow_empty=True))
+                   share=host_share(len(seeds), allow_empty=True), decision_fn=self.learner.decision_fn)
     if write:
       self.writer.write(step, stage, out)
     return out
@@ -326,6 +328,8 @@ class Run:
         else:
           self.meta["stages_done"] = list(self.meta["stages_done"]) + ["demos"]
       summary.update(self._compiles.total().as_metrics())  # the whole run
+      if "critic" in summary:  # "critic below the bar: ..." (train/critic_bar.py's verdict)
+        say(f"summary: {summary['critic']}")
     finally:
       self.ckpt.close()
       self.writer.close()
@@ -448,6 +452,7 @@ class Run:
   def stage_rl(self):
     c, rl = self.c, self.c.rl
     self._init_critic_from_policy()
+    critic = self._critic_check()
     start = int(self.meta["stage_step"]) if self.meta.get("stage") == "rl" else 0
     engine = self._engine(rl.group_size, self._train_sampling(), tree=True)
     budget = float(c.rollout.tree.token_budget)
@@ -501,7 +506,23 @@ class Run:
       raise
     finally:
       source.close()
-    return {k: v for k, v in last.items() if k.startswith("eval/")}
+    return {**{k: v for k, v in last.items() if k.startswith("eval/")}, **critic}
+
+  def _critic_check(self) -> dict:
+    """The RL stage's word on its critic (critic_bar.rl_warning): a warning when an estimator that
+    bootstraps from it starts with a critic below the bar, unjudged or not pretrained; the
+    verdict goes into the run's summary."""
+    c = self.c
+    if c.critic.kind == "none":
+      return {}
+    pretrained = "value_pretrain" in self.meta["stages_done"] and c.value_pretrain.enabled
+    readout = self.meta.get("critic_readout") if pretrained else None
+    warning = critic_bar.rl_warning(c.rl.estimator, readout, pretrained)
+    if warning:
+      logging.warning("%s", warning)
+      say(f"WARNING: {warning}")
+    return {"critic": critic_bar.verdict(readout) if readout else "critic not pretrained" if not pretrained
+            else "critic bar not judged: no readout"}
 
   def stage_eval(self):
     out = self.evaluate(self.c.rl.steps, "eval", tasks=max(self.c.eval.tasks, 64))

@@ -18,12 +18,11 @@ fits it first on rollouts of the frozen initial policy. This stage:
   runs, its Adam state sits in the learner's critic slot (`opt_critic`, or
   `opt_policy` for a value head), so a checkpoint taken mid-stage resumes
   it exactly;
-* spends a budget counted in critic optimiser steps (`steps`), and stops
-  early when the held-out skill over the best constant predictor (R^2 of the
-  round's fresh batch, scored before fitting it) has not improved by
-  `min_delta` for `patience` rounds (0: spend the budget). Explained variance
-  cannot serve here: a constant scores 0, so the first thing a zero-initialised
-  head learns (the mean return) never counts as progress;
+* keeps fitting while its held-out readout (each round's fresh batch, scored
+  before fitting it) still improves, and stops at the bar, at a target ratio,
+  on a plateau, or at its caps in critic steps (`steps`) and wall seconds
+  (`max_seconds`): train/vp_stop.py holds the rule, a pure function of the
+  rounds' readouts; the stage logs why it stopped (`stopped_at_<reason>`);
 * reports, every round, the critic readout of train/critic_readout.py
   (held-out EV and R^2, and on probes that declare their decision, the
   oracle critic's beside them and the critic's error at the decision);
@@ -39,6 +38,7 @@ states are stop-gradient, and the trunk's parameters are kept bit for bit.
 from __future__ import annotations
 
 import dataclasses
+import time
 from typing import Any, NamedTuple, Optional
 
 import jax
@@ -51,14 +51,20 @@ from flax import nnx
 from mtrl_jax.compile.programs import Program, Tree, shared
 from mtrl_jax.metrics import Progress, say
 from mtrl_jax.models.value import PolicyWithValueHead
+from mtrl_jax.parallel.host_exchange import allgather_objects
 from mtrl_jax.parallel.sharded_step import (init_opt_state, opt_state_shardings, replicated,
                                             sharding_context)
-from mtrl_jax.train import critic_readout, optim
+from mtrl_jax.train import critic_bar, critic_readout, optim, vp_stop
+from mtrl_jax.train.critic_readout import first_turns
 from mtrl_jax.train.rl_step import critic_values
 from mtrl_jax.train.source import SyncSource
 
 TARGETS = ("mc", "estimator")
 BOOT = 2000  # session resamples of the final readout's intervals (milliseconds at 1,000 sessions)
+WINDOW_BOOT = 1000  # of the stopping rule's pooled ratio, every round
+STOPPED = {"bar": "the critic is at the bar", "ratio": "the ratio reached value_pretrain.stop_at_ratio",
+           "steps": "the cap value_pretrain.steps", "seconds": "the cap value_pretrain.max_seconds",
+           "plateau": "the held-out readout stopped improving"}
 
 
 class ValueBatch(NamedTuple):
@@ -66,22 +72,6 @@ class ValueBatch(NamedTuple):
   positions_bt: jax.Array
   target_bt: jax.Array
   mask_bt: jax.Array
-
-
-class EarlyStop:
-  """Patience on a score that must rise by more than `min_delta` (see the module doc)."""
-
-  def __init__(self, patience: int, min_delta: float, best: float = -np.inf, since: int = 0):
-    self.patience, self.min_delta = int(patience), float(min_delta)
-    self.best, self.since = float(best), int(since)
-
-  def update(self, score: float) -> bool:
-    """Records one round's held-out score; True when the stage should stop."""
-    if score > self.best + self.min_delta:
-      self.best, self.since = float(score), 0
-    else:
-      self.since += 1
-    return self.patience > 0 and self.since >= self.patience
 
 
 def _is_head_path(path) -> bool:
@@ -212,8 +202,12 @@ class ValuePretrainer:
     return L.mc_targets(pb)
 
   def readout(self, sessions, pb, values_bt) -> dict:
-    """The critic readout (held-out: `values_bt` were scored before fitting on `pb`)."""
-    return self.learner.critic_readout(sessions, pb, values_bt)
+    """The critic readout (held-out: `values_bt` were scored before fitting on `pb`). Its per-session
+    statistics (critic_readout.session_stats, the oracle's beside the critic's) are kept in
+    `last_stats` for the stopping rule's pooled ratio."""
+    out, mc, oracle = self.learner.critic_readout(sessions, pb, values_bt, with_oracle=True)
+    self.last_stats = critic_readout.session_stats(values_bt, mc, pb.loss_mask_bt, oracle)
+    return out
 
   def final_readout(self, batches) -> dict:
     """The readout of the critic handed to RL on several fresh batches read as one set, with intervals.
@@ -225,21 +219,23 @@ class ValuePretrainer:
     L = self.learner
     width = max(pb.tokens_bt.shape[1] for _, pb, _ in batches)
     pad = lambda x: np.pad(np.asarray(x), [(0, 0), (0, width - np.shape(x)[1])])  # noqa: E731
-    values, mc, mask, turn, first, group = [], [], [], [], [], []
+    values, mc, mask, turn, first, seen, group = [], [], [], [], [], [], []
     offset = 0
     for sessions, pb, values_bt in batches:
       values.append(pad(values_bt))
       mc.append(pad(L.mc_targets(pb)))
       mask.append(pad(pb.loss_mask_bt))
       turn.append(pad(pb.turn_idx_bt))
-      # as Learner.critic_readout: the row's session's turn-0 action (None on a padding row)
-      first += [sessions[i].turns[0].action if i >= 0 and sessions[i].turns else None for i in pb.session_index_b]
+      # as Learner.critic_readout: the row's session's turn-0 action and observation (None: padding)
+      a, o = first_turns(sessions, pb.session_index_b)
+      first += a
+      seen += o
       group.append(np.asarray(pb.group_id_b) + offset)
       offset += int(np.max(pb.group_id_b)) + 1
     cat = np.concatenate
     return critic_readout.readout(cat(values), cat(mc), cat(mask), cat(turn), first_actions_b=first,
                                   group_b=cat(group), decision_fn=L.decision_fn, value_fn=L.decision_value,
-                                  boot=BOOT, seed=self.c.seed)
+                                  boot=BOOT, seed=self.c.seed, first_observations_b=seen)
 
   def fit(self, pb, target_bt, seed: int) -> dict:
     """epochs x minibatches steps on one packed batch; mean fit loss and the steps taken."""
@@ -265,7 +261,7 @@ class ValuePretrainer:
 
 
 def rounds_for(v) -> int:
-  """Rounds that spend the budget of `v.steps` critic steps (the last may overshoot it)."""
+  """Rounds that spend the cap of `v.steps` critic steps (the last may overshoot it)."""
   per_round = max(int(v.epochs) * int(v.minibatches), 1)
   return max(-(-int(v.steps) // per_round), 1)
 
@@ -275,26 +271,42 @@ def readout_rounds(v) -> int:
   return max(-(-int(v.readout_tasks) // int(v.tasks_per_round)), 1)
 
 
+def _round_record(held_out: dict, stats_window: list, seed: int) -> vp_stop.RoundRecord:
+  ratio, lo, hi = vp_stop.pooled_ratio(stats_window, boot=WINDOW_BOOT, seed=seed)
+  own, _, _ = critic_bar.ratio_of(held_out)
+  return vp_stop.RoundRecord(float(held_out["r2"]), ratio, lo, hi, own)
+
+
 def stage(run) -> dict:
   """Run.stage_value_pretrain: the rounds, their metrics and checkpoints (see the module doc)."""
   c, v = run.c, run.c.value_pretrain
   check_supported(c)
   L = run.learner
   pre = ValuePretrainer(L, c)
+  rule = vp_stop.rule_of(v)
   start = int(run.meta["stage_step"]) if run.meta.get("stage") == "value_pretrain" else 0
-  stop = EarlyStop(v.patience, v.min_delta, float(run.meta.get("vp_best", -np.inf)),
-                   int(run.meta.get("vp_since", 0)))
-  steps_done = int(run.meta.get("vp_steps", 0))
+  # What the stopping rule reads (vp_stop.py), kept in the checkpoint's meta: a resumed stage decides as
+  # an unbroken one would.
+  records = [vp_stop.RoundRecord(*r) for r in run.meta.get("vp_records", [])] if start else []
+  window = [np.asarray(x) for x in run.meta.get("vp_window", [])] if start else []
+  steps_done = int(run.meta.get("vp_steps", 0)) if start else 0
+  spent = float(run.meta.get("vp_seconds", 0.0)) if start else 0.0
   if start == 0:
     pre.start_optimiser()
   engine = run._engine(c.rl.group_size, run._train_sampling())
   source = SyncSource(engine, seed=c.seed + 7, tasks_per_update=v.tasks_per_round,
                       share=run._share(v.tasks_per_round, "value_pretrain.tasks_per_round"))
   total = rounds_for(v)
+  say(f"value pretraining: up to {v.steps} critic steps ({total} rounds) and "
+      + (f"{v.max_seconds:g} s" if v.max_seconds else "no wall-time cap") + "; stops "
+      + ("at the bar, " if v.stop_at_bar else "") + (f"at ratio {v.stop_at_ratio:g}, " if v.stop_at_ratio else "")
+      + (f"after {v.patience} rounds without a gain of {v.min_delta:g} in the mean held-out R^2 of "
+         f"{v.window}" if v.patience else "at the cap"))
   prog = Progress("value_pretrain", total, start)
   multiple = v.minibatches
   run._sync_sampler()
-  r = start
+  r, why = start - 1, None
+  t0 = time.monotonic() - spent
   for r in range(start, total):
     sessions, info = run._everyone(*source.next_batch(r), "value_pretrain", r)
     sessions = [s for s in sessions if s.trainable]
@@ -306,28 +318,48 @@ def stage(run) -> dict:
     pb = L._pack(sessions, multiple=multiple)
     values = np.asarray(L.critic_values(pb))
     held_out = pre.readout(sessions, pb, values)  # before this round's fit: held out
-    fit = pre.fit(pb, pre.targets(pb, values), seed=r)
-    steps_done += fit["steps"]
-    done = stop.update(held_out["r2"])
+    window = (window + [pre.last_stats])[-int(v.window):]
+    records.append(_round_record(held_out, window, c.seed * 100_003 + r))
+    # A target ratio stops before this round's fit: RL gets the critic this readout scored (vp_stop.py).
+    d = vp_stop.decide(records, steps_done, spent, rule)
+    fit = {}
+    if d.reason != "ratio":
+      fit = pre.fit(pb, pre.targets(pb, values), seed=r)
+      steps_done += fit["steps"]
+      # The slowest host's clock: every host must decide alike (one stopping alone would hang the others).
+      spent = max(allgather_objects(time.monotonic() - t0))
+      d = vp_stop.decide(records, steps_done, spent, rule)
+    last = records[-1]
     rec = {**info, **{f"value_pretrain/{k}": x for k, x in held_out.items()},
-           "value_pretrain/fit_loss": fit["fit_loss"], "value_pretrain/nonfinite_steps": fit["nonfinite_steps"],
-           "value_pretrain/critic_steps": steps_done, "value_pretrain/best_r2": stop.best}
+           **{f"value_pretrain/{k}": fit[k] for k in ("fit_loss", "nonfinite_steps") if k in fit},
+           "value_pretrain/critic_steps": steps_done, "value_pretrain/seconds": spent,
+           "value_pretrain/smoothed_r2": d.smoothed, "value_pretrain/best_r2": d.best,
+           "value_pretrain/rounds_since_best": d.since}
+    if last.ratio is not None:
+      rec["value_pretrain/window_ratio"] = last.ratio
+      if last.ratio_lo is not None:
+        rec.update({"value_pretrain/window_ratio_lo": last.ratio_lo, "value_pretrain/window_ratio_hi": last.ratio_hi})
+    if last.own_ratio is not None:
+      rec["value_pretrain/round_ratio"] = last.own_ratio
     run.writer.write(r, "value_pretrain", rec)
     prog.update(r + 1, ev=held_out["explained_variance"], r2=held_out["r2"],
-                **({"oracle_ev": held_out["oracle_explained_variance"]}
-                   if "oracle_explained_variance" in held_out else {}))
-    run.meta.update(vp_best=stop.best, vp_since=stop.since, vp_steps=steps_done)
-    if done:
-      say(f"value pretraining: held-out R^2 stopped improving at {stop.best:.3f} after {r + 1} rounds "
-          f"({steps_done} critic steps)")
+                **({"ratio": last.ratio} if last.ratio is not None else {}))
+    run.meta.update(vp_records=[list(x) for x in records], vp_window=[w.tolist() for w in window],
+                    vp_steps=steps_done, vp_seconds=spent)
+    if d.stop:
+      why = d.reason
       break
     if (r + 1) % c.checkpoint.every == 0 and r + 1 < total:
       run.save("value_pretrain", r + 1)
+  why = why or "steps"
+  rounds = r + 1
+  say(f"value pretraining stopped ({STOPPED[why]}) after {rounds} rounds, {steps_done} critic steps, "
+      f"{spent:.0f} s")
   # The critic RL starts with, scored on fresh batches (no fitting): rounds total, total + 1, ...
   # draw task seeds no training round drew.
   batches = []
   for k in range(readout_rounds(v)):
-    sessions, _ = run._everyone(*source.next_batch(total + k), "value_pretrain", r + 1)
+    sessions, _ = run._everyone(*source.next_batch(total + k), "value_pretrain", rounds)
     sessions = [s for s in sessions if s.trainable]
     if sessions:
       pb = L._pack(sessions, multiple=multiple)
@@ -335,10 +367,19 @@ def stage(run) -> dict:
   final = pre.final_readout(batches) if batches else {}
   pre.hand_over_to_rl()
   out = {f"value_pretrain/{k}": x for k, x in final.items()}
-  out.update({"value_pretrain/rounds": r + 1, "value_pretrain/critic_steps": steps_done})
-  if "oracle_explained_variance" in final and final["oracle_explained_variance"] > 0:
-    out["value_pretrain/ev_over_oracle"] = final["explained_variance"] / final["oracle_explained_variance"]
-  run.writer.write(r + 1, "value_pretrain", {**out, "value_pretrain/final": 1.0})
+  out.update({"value_pretrain/rounds": rounds, "value_pretrain/critic_steps": steps_done,
+              "value_pretrain/seconds": spent, "value_pretrain/cap_steps": int(v.steps),
+              "value_pretrain/cap_seconds": float(v.max_seconds),
+              "value_pretrain/stopped_at_" + why: 1.0})
+  ratio, _, _ = critic_bar.ratio_of(final)
+  if ratio is not None:
+    out["value_pretrain/ev_over_oracle"] = ratio
+  run.writer.write(rounds, "value_pretrain", {**out, "value_pretrain/final": 1.0})
+  # Kept with the critic: an RL stage (here or in a run that takes this critic as its warm start)
+  # judges it by this readout.
+  run.meta["critic_readout"] = {k: float(x) for k, x in final.items() if isinstance(x, (int, float))}
+  line = critic_bar.verdict(final)
   say("value pretraining: critic before RL " + ", ".join(
       f"{k.split('/', 1)[1]}={x:.3f}" for k, x in out.items() if isinstance(x, float)))
-  return out
+  say(f"value pretraining: {line}")
+  return {**out, "critic": line}

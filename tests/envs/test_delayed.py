@@ -195,3 +195,86 @@ def test_demos_are_reproducible():
   a, b = (record_episode(env, 4, 1.0, "delayed", {"horizon": 12, "noise": 0.5}) for _ in range(2))
   ra, rb = ([t["reward"] for t in x["turns"]] for x in (a, b))
   assert ra == rb and len(set(ra[1:-1])) == 2
+
+
+def _cued(p_cued):
+  """Turn 0: the arm the sign shows w.p. p_cued, else the other; then the expert's copies."""
+  def policy(env, rng):
+    if env.turn == 0:
+      other = "right" if env.good == "left" else "left"
+      return env.good if rng.random() < p_cued else other
+    return env.expert_action()
+  return policy
+
+
+@pytest.mark.parametrize("cued", [True, False])
+def test_cue_decision_value_equals_monte_carlo_returns(cued):
+  """cue=True: the paying arm is the task's and turn 0 shows it. decision_value(t, 'cued'/'uncued')
+  is the mean return from turn t of sessions that followed / ignored the sign (n = 3000 over 60
+  tasks, 4 standard errors), and first_decision reads the sign from the observation.
+  Catches: the payoff tied to `left` whatever the sign (the uncued sessions that took left would
+  be paid 0.95: ~40 se off), the cost charged to the arm rather than to the cued one, or a
+  decision read from the action alone (half the 'cued' sessions would be keyed wrong)."""
+  from mtrl_jax.envs import registry
+  h, n = 5, 3000
+  env = envs.make("delayed", horizon=h, noise=0.3, cue=True)
+  decide = registry.first_decision_fn("delayed")
+  rng = random.Random(1)
+  rets, goods = [], set()
+  for i in range(n):
+    first = env.reset(i % 60, i).observation
+    goods.add(env.good)
+    rewards = []
+    while not env.done:
+      a = _cued(1.0 if cued else 0.0)(env, rng)
+      if env.turn == 0:
+        assert decide(a, first) == ("cued" if cued else "uncued")
+      rewards.append(env.step(a).reward)
+    rets.append(rewards)
+  assert goods == {"left", "right"}  # the sign differs across tasks
+  rets = np.array(rets)
+  key = "cued" if cued else "uncued"
+  for t in (0, 1, h - 1):
+    mc = rets[:, t:].sum(1)
+    se = mc.std(ddof=1) / math.sqrt(n)
+    assert abs(mc.mean() - env.decision_value(t, key)) < 4 * se, (t, mc.mean(), env.decision_value(t, key))
+
+
+def test_cue_shows_the_sign_and_demos_are_at_chance_given_it():
+  """Terse and natural observations name the task's good arm (first_decision parses both); without
+  a cue the observation and the strings are what they were (the study's records replay). Quality-0.5
+  demos take the cued arm half the time whatever the sign (a warm start at chance at the decision).
+  Catches: the sign drawn before the strings (a cue-less task's strings would change with the option
+  off too: they are compared with cue=False's), or the suboptimal action fixed to `right`."""
+  from mtrl_jax.envs.base import policy_action  # the demos' policy
+  from mtrl_jax.envs.delayed import Delayed
+  plain, cue = envs.make("delayed", horizon=4), envs.make("delayed", horizon=4, cue=True)
+  for seed in range(20):
+    assert plain.reset(seed, 0).observation == "left or right?"
+    obs = cue.reset(seed, 0).observation
+    assert obs == f"sign {cue.good}: left or right?" and cue.strings == plain.strings
+    assert Delayed.first_decision(cue.good, obs) == "cued"
+  nat = envs.make("delayed", horizon=4, cue=True, style="natural")
+  obs = nat.reset(3, 0).observation
+  assert nat.good in obs and Delayed.first_decision(nat.good, obs) == "cued"
+  rng = random.Random(0)
+  followed = {"left": [], "right": []}
+  for seed in range(400):
+    cue.reset(seed, 0)
+    followed[cue.good].append(policy_action(cue, "expert", rng, quality=0.5) == cue.good)
+  for arm, f in followed.items():
+    assert abs(np.mean(f) - 0.5) < 0.1, (arm, np.mean(f))
+
+
+def test_draw_seed_changes_the_hidden_draws_reproducibly():
+  """draw_seed salts the per-session stream: the same (task, session) draws differently under
+  another draw_seed, identically under the same one; 0 is the unsalted stream (records so far).
+  Catches draw_seed ignored (eval draws equal across runs) or salting the 0 stream."""
+  def draws(ds):
+    env = envs.make("delayed", horizon=16, draw_seed=ds)
+    return tuple(_play(env, 5, 2, _mixed(1.0), random.Random(0))[0])
+  assert draws(0) == draws(0) and draws(7) == draws(7)
+  assert draws(0) != draws(7) and draws(7) != draws(8)
+  from mtrl_jax.envs.session_noise import noise_rng
+  from mtrl_jax.envs.base import derive_seed
+  assert noise_rng("delayed", 5, 2, False).random() == random.Random(derive_seed("delayed", "session", 5, 2)).random()

@@ -57,8 +57,8 @@ def test_learner_readout_passes_boot_through():
   target = np.repeat((0.2 + 0.7 * arm + rng.normal(0, 0.2, b))[:, None], t, axis=1)
   pb = types.SimpleNamespace(loss_mask_bt=np.ones((b, t)), turn_idx_bt=np.zeros((b, t), int),
                              group_id_b=np.arange(b) // 2, session_index_b=np.arange(b))
-  sessions = [types.SimpleNamespace(turns=[types.SimpleNamespace(action="ab"[a])]) for a in arm]
-  fake = types.SimpleNamespace(mc_targets=lambda pb: target, decision_fn=lambda a: a, decision_value=None)
+  sessions = [types.SimpleNamespace(turns=[types.SimpleNamespace(action="ab"[a], observation="")]) for a in arm]
+  fake = types.SimpleNamespace(mc_targets=lambda pb: target, decision_fn=lambda a, o=None: a, decision_value=None)
   values = target + rng.normal(0, 0.1, (b, t))
   with_ci = Learner.critic_readout(fake, sessions, pb, values, boot=200, seed=1)
   assert with_ci["readout_sessions"] == b

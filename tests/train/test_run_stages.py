@@ -120,9 +120,9 @@ def test_early_stopping_counts_fitting_the_mean_as_progress(record):
   rounds (EV 0, 0, -0.004, -0.002 while R^2 climbs from -1.2 to 0), value pretraining
   must not stop there (patience 3): the skill over the best constant (R^2) improves.
 
-  Break checked: `stop.update(held_out["explained_variance"])` in value_pretrain.stage
-  (stopping on EV, as the old run.py did): three rounds without EV gain stop it after
-  round 4 of its 6, and both asserts fail.
+  Break checked: the stopping rule fed EV instead of R^2 (`_round_record` reading
+  held_out["explained_variance"]; the old run.py stopped on EV): three rounds without a
+  smoothed EV gain stop it after round 4 of its 6, and both asserts fail.
   """
   assert record["vp"]["value_pretrain/rounds"] == VP_ROUNDS
   assert len(record["fit_calls"]) == VP_ROUNDS
