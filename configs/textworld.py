@@ -1,0 +1,114 @@
+"""TextWorld (coin collector, treasure hunter, cooking): warm start on walkthroughs, then RL.
+
+  python -m mtrl_jax.main --config=configs/textworld.py --workdir=/tmp/tw_cc5
+  python -m mtrl_jax.main --config=configs/textworld.py:level=10 --workdir=/tmp/tw_cc10
+  python -m mtrl_jax.main --config=configs/textworld.py:kind=cooking --workdir=/tmp/tw_cook
+  python -m mtrl_jax.main --config=configs/textworld.py:runlocal=true --workdir=/tmp/tw_smoke
+  python -m mtrl_jax.main --config=configs/textworld.py:model=smol --workdir=/tmp/tw_smol
+
+The byte model (model=byte, the default) reads the terse view (room, exits, visible
+objects, the last feedback; <= 300 characters a turn) and is warm-started by
+behaviour cloning on demos of the walkthrough expert that take a random admissible
+command instead 1 - quality of the time (re-planned by textworld from where they
+strayed), then trained by RL on the training games and evaluated on the held-out
+games. model=smol: SmolLM2-135M-Instruct with its chat template (configs/smol.py's
+pieces), the game's own text (style=natural) with the admissible commands listed.
+
+The game pools are built on first use (tw-make's generator, in parallel) and cached
+under $MTRL_TEXTWORLD_DIR or ~/.cache/mtrl_jax/textworld (envs/textworld/pool.py).
+Args: kind (coin_collector | treasure_hunter | cooking), level (coin collector /
+treasure hunter), games, eval_games, quality (the demos'), context (session: one
+sample per session | history | markov: one sample per turn with the transcript or
+only the current observation), estimator, model (byte | smol), hf_dir, seed, runlocal.
+Cooking's knobs are tw-make's: --config.env.kwargs.recipe=3 (default here: recipe 2,
+take 2, cut: one room, 4-6 points). Measured: docs/tasks.md.
+"""
+from configs import smol
+from configs.common import default_config, shrink
+from mtrl_jax.config import env_kwargs_for
+from mtrl_jax.config_args import parse_args
+
+KINDS = ("coin_collector", "treasure_hunter", "cooking")
+MODELS = ("byte", "smol")
+CONTEXTS = ("session", "history", "markov")
+# The cooking setting of the learnability table: one room, two ingredients to take, one to cut.
+COOKING = {"recipe": 2, "take": 2, "cut": True}
+
+
+def max_turns_for(kind: str, level: int) -> int:
+  """Room to stray: twice the quest length (coin collector / treasure hunter) plus a margin."""
+  return {"cooking": 20}.get(kind, 2 * level + 4)
+
+
+def get_config(arg=None):
+  a = parse_args(arg, {"kind": "coin_collector", "level": 5, "games": 200, "eval_games": 64,
+                       "quality": 0.5, "context": "history", "estimator": "ms_grpo", "model": "byte",
+                       "hf_dir": "", "seed": 0, "runlocal": False})
+  if a["kind"] not in KINDS:
+    raise ValueError(f"kind={a['kind']!r}: choose one of {KINDS}")
+  if a["model"] not in MODELS:
+    raise ValueError(f"model={a['model']!r}: choose one of {MODELS}")
+  if a["context"] not in CONTEXTS:
+    raise ValueError(f"context={a['context']!r}: choose one of {CONTEXTS}")
+  if a["hf_dir"] and a["model"] != "smol":
+    raise ValueError(f"hf_dir={a['hf_dir']!r}: only model=smol reads a pretrained folder")
+  kind, level = a["kind"], a["level"]
+  max_turns = max_turns_for(kind, level)
+  games, eval_games = (8, 4) if a["runlocal"] else (a["games"], a["eval_games"])
+  knobs = dict(COOKING) if kind == "cooking" else {"level": level}
+  natural = a["model"] == "smol"
+  c = default_config()
+  c.seed = a["seed"]
+  c.env.name = "textworld"
+  c.env.kwargs = env_kwargs_for("textworld", kind=kind, games=games, eval_games=eval_games,
+                                max_turns=max_turns, style="natural" if natural else "terse",
+                                list_commands=natural, **knobs)
+  c.critic.kind = "none"
+  c.value_pretrain.enabled = False
+  c.rl.estimator = a["estimator"]
+  if a["context"] != "session":
+    c.rl.layout, c.rl.context = "turn", a["context"]
+  c.demos.quality = a["quality"]
+  c.demos.episodes = 400  # two sessions of each of the 200 training games
+  c.sft.steps = 600
+  c.sft.batch_size = 16
+  c.rl.steps = 40
+  c.rl.tasks_per_update = 8
+  c.rl.group_size = 8
+  c.rl.lr = 5e-4
+  c.rollout.turn_budget = 32  # "take pork chop from fridge" is 26 bytes
+  # Terse turns are ~30-60 bytes of observation plus the command; cooking's ~150-300.
+  per_turn = 320 if kind == "cooking" else 64
+  c.rollout.context_cap = 128 + per_turn * max_turns
+  c.eval.every = 10
+  c.eval.tasks = 64
+  c.checkpoint.every = 10
+  c.log.tensorboard = False
+  if natural:
+    _smol(c, a)
+  if a["runlocal"]:
+    shrink(c)
+    c.demos.episodes = 16
+    c.eval.tasks = 4
+    if natural:
+      c.sft.batch_size = 4
+  return c
+
+
+def _smol(c, a: dict) -> None:
+  """SmolLM2-135M-Instruct (configs/smol.py's pieces) on the game's own text."""
+  smol.use_pretrained(c, a["hf_dir"] or smol.DEFAULT_HF_DIR)
+  c.demos.episodes = 128
+  c.sft.steps = 32
+  c.sft.batch_size = 8
+  c.rl.steps = 16
+  c.rl.tasks_per_update = 4
+  c.rl.group_size = 4
+  c.rl.minibatches = 2
+  c.rollout.turn_budget = 12  # one command; a chatty reply is cut and read leniently
+  # The natural text is ~60-120 tokens a turn plus the listed commands.
+  c.rollout.context_cap = 256 + 160 * c.env.kwargs.max_turns
+  c.eval.every = 4
+  c.eval.tasks = 32
+  c.eval.greedy = False
+  c.checkpoint.every = 4
