@@ -42,7 +42,7 @@ def max_turns_for(kind: str, level: int) -> int:
 
 def get_config(arg=None):
   a = parse_args(arg, {"kind": "coin_collector", "level": 5, "games": 200, "eval_games": 64,
-                       "quality": 0.5, "context": "history", "estimator": "ms_grpo", "model": "byte",
+                       "quality": 0.5, "context": "session", "estimator": "ms_grpo", "model": "byte",
                        "hf_dir": "", "seed": 0, "runlocal": False})
   if a["kind"] not in KINDS:
     raise ValueError(f"kind={a['kind']!r}: choose one of {KINDS}")
@@ -70,9 +70,9 @@ def get_config(arg=None):
     c.rl.layout, c.rl.context = "turn", a["context"]
   c.demos.quality = a["quality"]
   c.demos.episodes = 400  # two sessions of each of the 200 training games
-  c.sft.steps = 600
+  c.sft.steps = 400
   c.sft.batch_size = 16
-  c.rl.steps = 40
+  c.rl.steps = 30
   c.rl.tasks_per_update = 8
   c.rl.group_size = 8
   c.rl.lr = 5e-4
@@ -80,9 +80,9 @@ def get_config(arg=None):
   # Terse turns are ~30-60 bytes of observation plus the command; cooking's ~150-300.
   per_turn = 320 if kind == "cooking" else 64
   c.rollout.context_cap = 128 + per_turn * max_turns
-  c.eval.every = 10
-  c.eval.tasks = 64
-  c.checkpoint.every = 10
+  c.eval.every = 15  # the warm start (step 0), half way, the end
+  c.eval.tasks = 64  # 64 held-out games
+  c.checkpoint.every = 5
   c.log.tensorboard = False
   if natural:
     _smol(c, a)

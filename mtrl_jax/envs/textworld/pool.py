@@ -436,7 +436,7 @@ def forget_pools() -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-  """`python -m mtrl_jax.envs.textworld.pool --kind coin_collector --level 10 --games 300`:
+  """`python -m mtrl_jax.envs.textworld --kind coin_collector --level 10 --games 300`:
   builds (or checks) a pool and prints its size, walkthrough lengths and the time taken."""
   import time
   ap = argparse.ArgumentParser(description=main.__doc__)
@@ -464,6 +464,3 @@ def main(argv: Sequence[str] | None = None) -> None:
                     "walkthrough_max": max(lengths),
                     "max_score": sorted({r["max_score"] for r in pool.records.values()})}))
 
-
-if __name__ == "__main__":
-  main(sys.argv[1:])
