@@ -16,6 +16,8 @@ reply can restart, quit or otherwise derail it), counts as `invalid_action`
 and leaves the state as it was. Reward: the score's change (divided by the
 game's maximum score when `normalize`, so a won game returns 1.0); `success`
 is the game's `won`; `terminated` when it is won or lost; `max_turns` truncates.
+`info["on_plan"]`: the command was the expert's at the state it was played in (a turn the
+walkthrough needs; the credit lab splits its scores by it).
 
 Expert: the first of textworld's `policy_commands` at the current state (its
 walkthrough, re-planned by textworld from wherever the agent has strayed; in
@@ -158,7 +160,8 @@ class TextWorld(Env):
     if cmd not in admissible:
       self._natural = _INVALID_NATURAL
       obs = render.terse(render.Facts(self._state["facts"]), "invalid command", self.terse_chars)
-      return Step(obs, 0.0, False, False, {"invalid_action": True, "score": self.score})
+      return Step(obs, 0.0, False, False, {"invalid_action": True, "score": self.score, "on_plan": False})
+    on_plan = cmd == self.expert_action()  # the walkthrough's command at this state (the lab reads it)
     try:
       with _TW_LOCK:
         state, score, done = self._game.step(cmd)
@@ -168,7 +171,7 @@ class TextWorld(Env):
     score = int(score or 0)
     delta, self.score, self._state = score - self.score, score, state
     reward = delta / self.max_score if self.normalize else float(delta)
-    info = {"invalid_action": False, "score": score}
+    info = {"invalid_action": False, "score": score, "on_plan": on_plan}
     if done:
       info["success"] = bool(state["won"])
       self._release()

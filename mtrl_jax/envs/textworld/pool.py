@@ -395,7 +395,11 @@ def _folder_lock(folder: str):
   """An exclusive lock on a pool folder across processes (released when the holder exits)."""
   import fcntl
   with open(os.path.join(folder, ".lock"), "w") as f:
-    fcntl.flock(f, fcntl.LOCK_EX)
+    try:
+      fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+      say(f"textworld: another process is building {folder}: waiting for it")
+      fcntl.flock(f, fcntl.LOCK_EX)
     try:
       yield
     finally:
