@@ -203,8 +203,8 @@ def test_the_parallel_builders_build_what_one_process_builds(cached_coin, tmp_pa
   """Builder processes (workers=2) build games with the same walkthroughs and scores as the cached
   pool's for the same tw-make seeds, each recorded under its own seed.
 
-  Break checked: the worker protocol answering for the wrong seed (a stale `seed` variable) or
-  building every job with the first job's seed fails the per-seed comparison.
+  Break checked: the builder threads sending every job the first seed of their list (the other
+  games never built) fails the load ("missing right after building it").
   """
   spec = tw_pool.PoolSpec.of("coin_collector", TINY["coin_collector"][0], 2, 1)
   tw_pool.forget_pools()
