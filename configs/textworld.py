@@ -150,3 +150,6 @@ def _smol(c, a: dict) -> None:
   c.eval.tasks = 32
   c.eval.greedy = False
   c.checkpoint.every = 4
+  # 16 sessions at once on 16 decode rows: the KV cache of 64 evaluation sessions at this context
+  # (30 blocks, fp32 on a CPU: ~5 GB) got the zero-shot evaluation killed on the shared 24 GB machine.
+  c.rollout.update(continuous=True, rows=16, in_flight=16)

@@ -146,17 +146,19 @@ def _transcript_script(data_dir: str, kind: str, seed: int) -> str:
 
 
 @pytest.mark.parametrize("kind", ["coin_collector", "cooking"])
-def test_a_game_is_the_same_in_two_processes(tmp_path, kind):
-  """Two processes, each building the game of tw-make seed 0 in its own fresh folder and playing the
-  same commands (random and expert mixed), see the same text, rewards and admissible commands.
+def test_a_game_is_the_same_in_two_processes(tiny_pools, tmp_path, kind):
+  """Two processes play the game of tw-make seed 0 with the same commands (random and expert mixed):
+  one builds it afresh in its own folder, the other reads the shared cache (built by another
+  process earlier). Both see the same text, rewards and admissible commands.
 
   Break checked: building without `opts.seeds = seed` in pool.build_game (tw-make's seed left
-  random) makes the two processes' games differ.
+  random) makes the fresh build's game differ from the cached one.
   """
+  del tiny_pools  # the shared cache holds the game
   env = dict(os.environ, PYTHONPATH=os.pathsep.join([ROOT, os.path.join(ROOT, "tests", "envs")]))
   outs = []
-  for i in range(2):
-    code = _transcript_script(str(tmp_path / f"p{i}"), kind, 0)
+  for folder in (str(tmp_path / "fresh"), ""):
+    code = _transcript_script(folder, kind, 0)
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
     assert res.returncode == 0, res.stderr[-3000:]
     outs.append(json.loads(res.stdout.strip().splitlines()[-1]))

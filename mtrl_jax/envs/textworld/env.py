@@ -55,10 +55,11 @@ _TERSE_PROMPTS = {
 _INVALID_NATURAL = "That is not a command this game accepts here. Nothing happens."
 
 # Started games kept for the next session of the same game (starting one costs 30-100 ms,
-# resetting one 10-25 ms): path -> started textworld envs, at most _KEEP each.
+# resetting one 10-25 ms): path -> started textworld envs, at most _KEEP a game and _KEEP_ALL in
+# all (a started game holds its own copy of the interpreter: ~0.2 MB).
 _IDLE: dict[str, list] = {}
 _IDLE_LOCK = threading.Lock()
-_KEEP = 8
+_KEEP, _KEEP_ALL = 8, 256
 # textworld is not thread-safe: games loaded at once in two threads break its logic parser (tatsu),
 # seen as failed starts with 3 env threads. Every call into textworld holds this lock (a step takes
 # 10-50 ms, mostly Python under the GIL anyway).
@@ -78,7 +79,7 @@ def _start(path: str, infos):
 def _park(path: str, game) -> None:
   with _IDLE_LOCK:
     idle = _IDLE.setdefault(path, [])
-    if len(idle) < _KEEP:
+    if len(idle) < _KEEP and sum(map(len, _IDLE.values())) < _KEEP_ALL:
       idle.append(game)
       return
   with _TW_LOCK:
