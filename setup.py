@@ -7,6 +7,9 @@ from setuptools import find_packages, setup
 HF = ["torch==2.13.0", "transformers>=4.44", "safetensors>=0.4", "tokenizers>=0.19", "jinja2>=3.1.6",
       "gguf>=0.10", "accelerate>=0.30"]
 TEXTARENA = ["textarena>=0.7"]
+# The field's own tasks (envs/textworld, envs/babyai): TextWorld ships its Inform 7 compiler,
+# minigrid the BabyAI levels and their bot. Both run offline.
+BENCHMARKS = ["textworld>=1.7", "minigrid>=3.2"]
 # Accelerators: the jax extras JAX's install guide names (`pip install -e ".[dev]"`
 # alone gives the CPU jaxlib). Each pulls jaxlib's matching plugin and, for
 # NVIDIA, the CUDA and cuDNN libraries as wheels, so no system CUDA is needed.
@@ -40,12 +43,14 @@ setup(
     extras_require={
         "hf": HF,
         "textarena": TEXTARENA,
+        "benchmarks": BENCHMARKS,
         "gpu": GPU,
         "cuda12": GPU_CUDA12,
         "tpu": TPU,
         "dev": ["pytest>=8", "pytest-xdist>=3.5", "hypothesis>=6.100", "rlax>=0.1.6",
                 "mutmut>=3.8", "peft>=0.13"]
         + HF
-        + TEXTARENA,
+        + TEXTARENA
+        + BENCHMARKS,
     },
 )

@@ -7,6 +7,7 @@
 #   bash benchmarks/device_check.sh [OUT_DIR]            # on the GPU machine (OUT_DIR default $OUT)
 #   DRY_RUN=1 bash benchmarks/device_check.sh OUT_DIR    # CPU, every stage at a tiny size, GPU parts skipped
 #   SMOL_STUDY=1 bash benchmarks/device_check.sh [OUT]   # weights, then the study on SmolLM2 (the rest skipped)
+#   TEXTWORLD=1 bash benchmarks/device_check.sh [OUT]    # weights, then SmolLM2 on TextWorld (the rest skipped)
 #   bash benchmarks/device_check.sh --cpu-tiny OUT_DIR   # the same as DRY_RUN=1
 #
 # Stages, in order (the learner last: it takes the time that is left):
@@ -32,6 +33,13 @@
 #                  starts, 2 critics, 16 runs; estimate ~6 min, not yet run on a GPU);
 #                  its records in logs.tar.gz (logs/smol_study_records/), its summary
 #                  JSON line the stage's result. DRY_RUN: 1 seed, horizon 2, smoke size.
+#   textworld      only with TEXTWORLD=1, and then instead of every stage but weights
+#                  (a call of its own, as smol_study): benchmarks/textworld_smol.sh on
+#                  those weights in bfloat16: SmolLM2's zero-shot success on 64 held-out
+#                  coin-collector games (level 5), then SFT on walkthroughs and RL (its
+#                  JSON line the stage's result). Needs textworld on the device (its
+#                  wheels: docs/accelerator.md); skipped, naming it, without. Not yet
+#                  run on a GPU. DRY_RUN: the 1-block cut at runlocal size.
 # Run from the repository root. The wheels in .device/wheels (benchmarks/
 # device_wheels.sh) are installed into $WORK/site first; mtrl_jax itself runs
 # from PYTHONPATH=. (no install). Times: BUDGET_S (540) for the whole run;
@@ -48,11 +56,12 @@ LEARNER_MIN_S=${LEARNER_MIN_S:-100}
 if [[ "$DRY_RUN" == 1 ]]; then  # a loaded 2-core CPU: generous caps, the same code paths
   c=${DRY_CAP_S:-1800}
   : "${BUDGET_S:=5400}" "${CAP_WEIGHTS:=$c}" "${CAP_MAIN:=$c}" "${CAP_SMOL:=$c}" "${CAP_MISMATCH:=$c}" \
-    "${CAP_ROLLOUT:=$c}" "${CAP_SMOL_STUDY:=$c}"
+    "${CAP_ROLLOUT:=$c}" "${CAP_SMOL_STUDY:=$c}" "${CAP_TEXTWORLD:=$c}"
 fi
 : "${BUDGET_S:=540}" "${CAP_WEIGHTS:=90}" "${CAP_MAIN:=130}" "${CAP_SMOL:=160}" "${CAP_MISMATCH:=60}" \
-  "${CAP_ROLLOUT:=120}" "${CAP_LEARNER:=600}" "${CAP_SMOL_STUDY:=500}"
+  "${CAP_ROLLOUT:=120}" "${CAP_LEARNER:=600}" "${CAP_SMOL_STUDY:=500}" "${CAP_TEXTWORLD:=500}"
 SMOL_STUDY=${SMOL_STUDY:-0}
+TEXTWORLD=${TEXTWORLD:-0}
 SMOL_ATTENTION=${SMOL_ATTENTION:-auto}
 mkdir -p "$out" "$work/logs"
 out=$(cd "$out" && pwd)
@@ -64,7 +73,7 @@ if [[ "$DRY_RUN" == 1 ]]; then
   export JAX_PLATFORMS=cpu
   LEARNER_MIN_S=0
 fi
-if [[ "$SMOL_STUDY" == 1 ]]; then LEARNER_MIN_S=0; fi  # no learner stage in this call: the study takes the rest
+if [[ "$SMOL_STUDY" == 1 || "$TEXTWORLD" == 1 ]]; then LEARNER_MIN_S=0; fi  # no learner stage in this call
 say() { echo "[device_check $(date -u +%H:%M:%S) +$((SECONDS - start))s] $*"; }
 
 # The wheels the image lacks (CPython 3.12 builds: not for the dry run's python).
@@ -127,6 +136,7 @@ if [[ "$DRY_RUN" == 1 ]]; then
   # One SmolLM2 block and a one-block main job: compiling is nearly all of the CPU dry run, and
   # the stages run the same code at any depth. The study call keeps the 2-block cut it was sized on.
   layers=(--layers 1); [[ "$SMOL_STUDY" == 1 ]] && layers=(--layers 2)
+  tw_args=(runlocal=true --config.model.dtype=bfloat16)
   main_cfg=configs/default.py:runlocal=true
   smol_cfg="configs/smol.py:hf_dir=$hf,runlocal=true"
   tiny_run=(--config.rl.steps=2 --config.sft.steps=2 --config.eval.tasks=2 --config.demos.episodes=16)
@@ -144,10 +154,30 @@ else
   rollout_args=(--layers 24 --dim 896 --rows 16 --reps 1 --warmups 1)
   mismatch_args=()
   study_args=(--parallel 8)
+  tw_args=(level=5 --config.model.dtype=bfloat16 --config.model.attention="$SMOL_ATTENTION")
 fi
 
 run_stage weights "$CAP_WEIGHTS" "$LEARNER_MIN_S" "" \
   python3 benchmarks/weights_transfer.py materialize --src "$src" --out "$hf" --work "$work" "${layers[@]}"
+
+if [[ "$TEXTWORLD" == 1 ]]; then
+  # SmolLM2 on TextWorld in this call, every other stage in a call of their own.
+  if [[ ! -f "$hf/config.json" ]]; then
+    skip_stage textworld "no SmolLM2 folder: the weights stage failed"
+  elif ! python3 -c "import textworld" 2>/dev/null; then
+    skip_stage textworld "textworld is not importable here: bring its wheels (docs/accelerator.md, TextWorld)"
+  else
+    rm -rf "$work/textworld"
+    run_stage textworld "$CAP_TEXTWORLD" 0 "" \
+      bash benchmarks/textworld_smol.sh "$hf" "$work/textworld" "${tw_args[@]}"
+  fi
+  for s in main_job smol bf16_mismatch rollout learner smol_study; do
+    skip_stage "$s" "TEXTWORLD=1: this call runs SmolLM2 on TextWorld (the default call runs this stage)"
+  done
+  finish
+  exit 0
+fi
+skip_stage textworld "TEXTWORLD=0: SmolLM2 on TextWorld runs in a call of its own (TEXTWORLD=1)"
 
 if [[ "$SMOL_STUDY" == 1 ]]; then
   # The study on SmolLM2 in this call, every other stage in a call of their own (the default).

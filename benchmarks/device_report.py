@@ -21,7 +21,8 @@ import sys
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 STAGES = ("weights", "main_job", "smol", "bf16_mismatch", "rollout", "learner",
-          "smol_study")  # SMOL_STUDY=1: weights and smol_study run, the rest is skipped
+          "smol_study",  # SMOL_STUDY=1: weights and smol_study run, the rest is skipped
+          "textworld")  # TEXTWORLD=1: weights and textworld run (benchmarks/textworld_smol.sh), the rest skipped
 TIMEOUT_RCS = (124, 137)  # timeout(1)'s own code, and SIGKILL after --kill-after
 
 
@@ -147,6 +148,10 @@ def headline(stages: dict) -> dict:
            rollout_slot_util_continuous=ro.get("slot_util_continuous"))
   # the study on SmolLM2 (SMOL_STUDY=1): the study's runner's summary line (runs, ran, failed)
   h.update(smol_study_s=stages.get("smol_study", {}).get("seconds"), smol_study=get("smol_study") or None)
+  # SmolLM2 on TextWorld (TEXTWORLD=1): textworld_smol.sh's line (zero_shot, after_sft, after_rl)
+  tw = get("textworld")
+  h.update(textworld_s=stages.get("textworld", {}).get("seconds"),
+           **{f"textworld_{k}": tw.get(k) for k in ("zero_shot", "after_sft", "after_rl")})
   mm = (get("bf16_mismatch").get("results") or {})
   h.update(bf16_mismatch_share=(mm.get("bfloat16") or {}).get("share_outside"),
            fp32_mismatch_share=(mm.get("float32") or {}).get("share_outside"))

@@ -3,6 +3,7 @@
 # (CPython 3.12, x86-64 Linux), downloaded here into an ignored folder that a
 # device call carries (docs/accelerator.md):
 #   bash benchmarks/device_wheels.sh [DIR]        # default .device/wheels
+#   TEXTWORLD=1 bash benchmarks/device_wheels.sh  # and TextWorld's (device_check.sh TEXTWORLD=1)
 # The image has jax (CUDA), flax, optax, orbax, chex, numpy, torch,
 # transformers, tokenizers and safetensors; what the README main job and the
 # GGUF import need besides is below (shared/STACK.md, "On an NVIDIA GPU").
@@ -28,6 +29,17 @@ python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 -
 # promise has no wheel on the index (sdist only): build one here, pure Python.
 if ! ls "$dir"/promise-*.whl >/dev/null 2>&1; then
   python3 -m pip wheel -q --no-deps -w "$dir" promise==2.3
+fi
+# TEXTWORLD=1: also TextWorld and what it needs (~8.5 MiB; device_check.sh TEXTWORLD=1). jericho (its
+# Z-machine interpreter) is an sdist only: built here into a py3-none-any wheel holding the
+# libfrotz.so compiled for this x86-64 Linux (loaded through ctypes, so any CPython 3 takes it).
+if [[ "${TEXTWORLD:-0}" == 1 ]]; then
+  python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+    "${PLATFORMS[@]}" -d "$dir" textworld==1.7.0 tatsu==5.8.3 hashids==1.3.1 mementos==1.3.1 \
+    more_itertools==11.2.1 networkx==3.7 prompt_toolkit==3.0.53 wcwidth==0.9.4 tqdm==4.70.1
+  if ! ls "$dir"/jericho-*.whl >/dev/null 2>&1; then
+    python3 -m pip wheel -q --no-deps --no-build-isolation -w "$dir" jericho==3.3.1
+  fi
 fi
 n=$(ls "$dir"/*.whl | wc -l)
 bytes=$(du -cb "$dir"/*.whl | tail -n 1 | cut -f1)

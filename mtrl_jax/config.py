@@ -243,7 +243,8 @@ def _validate_env(c) -> None:
   try:
     env_registry.make(c.env.name, **kwargs)
   except (TypeError, ValueError) as e:
-    named = next((k for k in kwargs if k in str(e)), None)
+    # The quoted name first: "cook" is in every message about kind 'cooking'.
+    named = next((k for k in kwargs if f"'{k}'" in str(e)), None) or next((k for k in kwargs if k in str(e)), None)
     raise ValueError(f"config.env.kwargs{'.' + named if named else ''}: {e}") from e
 
 

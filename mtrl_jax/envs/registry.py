@@ -34,6 +34,7 @@ _BUILTIN_MODULES = (
     "mtrl_jax.envs.repair",
     "mtrl_jax.envs.revisit",
     "mtrl_jax.envs.textarena",
+    "mtrl_jax.envs.textworld",
     "mtrl_jax.envs.wrappers",
 )
 _builtins_loaded = False

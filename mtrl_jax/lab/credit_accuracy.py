@@ -41,7 +41,7 @@ from ml_collections import config_flags
 from mtrl_jax.credit import registry as credit_registry
 from mtrl_jax.credit.batch import CreditBatch
 from mtrl_jax.envs import registry as env_registry
-from mtrl_jax.lab import critic_bar, scores
+from mtrl_jax.lab import critic_bar, plan_split, scores
 from mtrl_jax.lab.continuations import Start, continue_from
 from mtrl_jax.lab.variants import lab_estimators
 from mtrl_jax.metrics import Progress, say
@@ -490,6 +490,10 @@ def main(argv):
   for name in table:
     result["estimators"][name] = score_estimator(np.concatenate(adv[name]), a_i, se_i, dist_i, max_d,
                                                  resampled[name], exit_i)
+  plan_i = plan_split.plan_mask(sessions)  # the walkthrough's turns, where the env marks them
+  if plan_i is not None:
+    for name in table:
+      result["estimators"][name]["walkthrough"] = plan_split.plan_scores(np.concatenate(adv[name]), a_i, se_i, plan_i)
   mark_critic_rows(result, table, critics)  # the critic each estimator's advantages read, and its bar
   if critics:
     result["critics"] = critics
@@ -531,6 +535,9 @@ def main(argv):
     print(f"\nEarly exits: {int(exit_i.sum())} stop decisions ({n_stop} significant), "
           f"{int((~exit_i).sum())} others ({int((~exit_i & sig).sum())} significant)")
     print("\n" + "\n".join(exit_table_lines(result)))
+  if plan_i is not None:
+    print(f"\nWalkthrough turns (the planned command at its state): {int(plan_i.sum())} of {len(plan_i)}")
+    print("\n" + "\n".join(plan_split.plan_table_lines(result)))
   if "step_groups" in result:
     g = result["step_groups"]
     print(f"\nStep groups (gigpo): {g['grouped']} of {g['turns']} turns share their anchor state with another "

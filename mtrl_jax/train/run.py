@@ -59,6 +59,17 @@ def _jsonable(c, model_cfg: ModelConfig | None = None) -> dict:
   return out
 
 
+def _pretrained_critic(source: str) -> bool:
+  """Whether a warm-start workdir pretrained a separate critic: a run without one (critic.kind
+  'none') also lists value_pretrain as done (a no-op stage) but has no critic to restore."""
+  try:
+    with open(os.path.join(source, "config.json")) as f:
+      cfg = json.load(f)
+  except (OSError, ValueError):
+    return True  # no record of its config: try, and let the restore say what does not match
+  return cfg.get("critic", {}).get("kind") == "separate" and cfg.get("value_pretrain", {}).get("enabled", True)
+
+
 class Run:
   """Owns the mesh, models, learner, checkpointer and writers of one workdir."""
 
@@ -196,7 +207,7 @@ class Run:
     # A source that also finished value pretraining (a critic warm start shared by the critic
     # arms of a study): its critic too, when this run pretrains a separate critic of that shape.
     if ("value_pretrain" in source_done and "value_pretrain" in self.c.stages and self.c.value_pretrain.enabled
-        and self.c.critic.kind == "separate"):
+        and self.c.critic.kind == "separate" and _pretrained_critic(source)):
       try:
         crit, _ = restore_subtree(source, {"critic": abstract_like(self.learner.state.critic)})
       except (ValueError, KeyError) as e:

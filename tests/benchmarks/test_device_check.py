@@ -188,3 +188,28 @@ def test_smol_study_call_records_every_other_stage_as_skipped(tmp_path):
   for s in ("main_job", "smol", "bf16_mismatch", "rollout", "learner"):
     assert summary["stages"][s]["reason"].startswith("SMOL_STUDY=1"), s
   assert "weights stage failed" in summary["stages"]["smol_study"]["reason"]
+
+
+def test_textworld_call_records_every_other_stage_as_skipped(tmp_path):
+  """TEXTWORLD=1 (SmolLM2 on TextWorld, a call of its own): every stage but weights and textworld is
+  recorded as skipped with that reason, the call ends with all its files, and the default call
+  records textworld as skipped. No weights here, so textworld is skipped naming the weights stage.
+  Catches the TextWorld call also starting the default call's stages, or a stage left without record
+  (break checked: dropping `smol_study` from the TEXTWORLD=1 skip loop fails the file list)."""
+  summary, _ = _run(tmp_path / "out", {"DRY_RUN": "1", "TEXTWORLD": "1", "BUDGET_S": "5",
+                                       "WORK": str(tmp_path / "w"), "DEVICE_SRC": str(tmp_path / "nothing")}, 300)
+  assert sorted(os.listdir(tmp_path / "out")) == sorted(EXPECTED_FILES)
+  assert summary["status"] == {s: "skipped" for s in dr.STAGES}
+  for s in ("main_job", "smol", "bf16_mismatch", "rollout", "learner", "smol_study"):
+    assert summary["stages"][s]["reason"].startswith("TEXTWORLD=1"), s
+  assert "weights stage failed" in summary["stages"]["textworld"]["reason"]
+  default, _ = _run(tmp_path / "out2", {"DRY_RUN": "1", "BUDGET_S": "5", "WORK": str(tmp_path / "w2"),
+                                        "DEVICE_SRC": str(tmp_path / "nothing")}, 300)
+  assert default["stages"]["textworld"]["reason"].startswith("TEXTWORLD=0")
+
+
+def test_headline_reads_the_textworld_line():
+  """Break checked: reading `after_sft` from the weights stage's record fails it."""
+  h = dr.headline({"textworld": {"seconds": 300.0, "result": {"zero_shot": 0.1, "after_sft": 0.5, "after_rl": 0.6}}})
+  assert (h["textworld_s"], h["textworld_zero_shot"], h["textworld_after_sft"], h["textworld_after_rl"]) == (
+      300.0, 0.1, 0.5, 0.6)
