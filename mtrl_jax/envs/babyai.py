@@ -17,11 +17,15 @@ wrong door opened in a strict level) ends it with 0; the level's own step limit 
 `max_turns` truncate. The task is a function of the seed: reset(seed) calls minigrid's
 reset(seed=seed), so the same seed gives the same level in any process.
 
-Expert: minigrid's BabyAIBot (minigrid/utils/baby_ai_bot.py), built on first use and kept
-in step with the level while the agent follows it; when the agent strays (another action,
-or steps the bot did not see), a fresh bot plans from the current state for the part of
-the mission not yet done, remembering the cells the old one had seen. Where the bot
-cannot plan (a box opened that the mission needed) the expert says `done`.
+Expert: minigrid's BabyAIBot (minigrid/utils/baby_ai_bot.py). Once started, the bot sees
+every step: when the agent took its suggestion it plans on (its own advising mode); when the
+agent strayed, a fresh bot plans from the current state for the part of the mission not yet
+done, remembering the cells the old one had seen. It starts on the first `expert_action`
+call; a call mid-session first replays the session's history on a twin of the level with
+the bot running from turn 0, so the expert's advice is a function of the seed and the
+actions so far, whenever it is first asked (a clone, a replay, a demo: the same advice). RL
+sessions, which never ask, never pay for it. Where the bot cannot plan (a box opened that
+the mission needed) the expert says `done`.
 
 Levels are named as minigrid registers them without the `BabyAI-` prefix and `-v0`
 suffix: GoToRedBall, GoToLocal, PickupLoc, Open, Unlock, Synth, ... (`LEVELS` lists all).
@@ -118,9 +122,8 @@ class BabyAI(Env):
     self.mission = str(self._mg.mission)
     if self._own_max_turns is None:
       self.max_turns = int(self._mg.max_steps)
-    self._bot = None          # the expert, built on first use (RL sessions never pay for it)
-    self._bot_at = -1         # the level step count the bot has planned for
-    self._bot_action = None   # its suggestion there
+    self._bot = None          # the expert, started on first use (RL sessions never pay for it)
+    self._bot_action = None   # its suggestion at the current state (None: it gave up)
     prompt = f"babyai: {self.mission}. " + " ".join(ACTIONS)
     return Reset(prompt, babyai_text.terse(self.view()))
 
@@ -134,12 +137,15 @@ class BabyAI(Env):
       return Step(babyai_text.terse(self.view(), invalid=True), 0.0, False, False,
                   {"invalid_action": True})
     code = ACTIONS.index(word)
-    followed = self._bot is not None and self._bot_at == self._mg.step_count and code == self._bot_action
+    followed = code == self._bot_action
     obs, reward, terminated, truncated, _ = self._mg.step(code)
     self._image = obs["image"]
     success = bool(terminated and reward > 0)
-    if followed and not (terminated or truncated):
-      self._advance_bot(code)
+    if self._bot is not None and not (terminated or truncated):
+      if followed:
+        self._follow(code)
+      else:
+        self._start_bot(self._bot.vis_mask)
     info = {"invalid_action": False}
     if terminated or truncated:
       info["success"] = success
@@ -191,33 +197,54 @@ class BabyAI(Env):
     return rng.choice(ACTIONS)
 
   def expert_action(self) -> str:
-    if self._bot is None or self._bot_at != self._mg.step_count:
-      self._new_bot()
+    if self._bot is None:
+      self._catch_up()
     return "done" if self._bot_action is None else ACTIONS[int(self._bot_action)]
 
-  def _new_bot(self) -> None:
-    """A bot planning from the current state for what the mission still needs."""
+  def _catch_up(self) -> None:
+    """Starts the bot as if it had run since turn 0 (see the module doc)."""
+    if not self.actions:
+      self._start_bot(None)
+      return
+    twin = self.fresh()
+    twin.reset(self.seed, self.session)
+    twin._start_bot(None)
+    for a in self.actions:
+      twin.step(a)
+    same = (tuple(twin._mg.agent_pos) == tuple(self._mg.agent_pos) and twin._mg.agent_dir == self._mg.agent_dir
+            and twin._mg.step_count == self._mg.step_count)
+    if not same:  # a level that draws randomness while stepping: plan from here instead
+      self._start_bot(None)
+      return
+    # The twin's level is this one's (same seed, same actions); adopt it with the bot that knows it.
+    self._mg, self._image, self._bot, self._bot_action = twin._mg, twin._image, twin._bot, twin._bot_action
+
+  def _start_bot(self, seen) -> None:
+    """A bot planning from the current state for what the mission still needs, knowing the
+    cells `seen` (a boolean grid; None: what it sees now)."""
     from minigrid.utils.baby_ai_bot import BabyAIBot
-    seen = None if self._bot is None else self._bot.vis_mask
     bot = BabyAIBot(self._mg)
     bot.stack = []
     _plan(bot, self._mg.instrs)
     if seen is not None:
       bot.vis_mask |= seen
     self._bot = bot
-    self._bot_at = self._mg.step_count
     try:
       self._bot_action = bot.replan()
-    except Exception:  # noqa: BLE001  the bot gives up (a needed box opened): mark time
-      self._bot_action = None
+    except Exception:  # noqa: BLE001
+      if seen is not None:
+        # An object it remembers behind a door since closed (a stray toggle): its search
+        # does not pass closed doors and asserts. Knowing only the current view it explores.
+        self._start_bot(None)
+      else:  # it gives up (a box the mission needed was opened): mark time
+        self._bot_action = None
 
-  def _advance_bot(self, code: int) -> None:
-    """After the agent took the bot's own suggestion: the bot's next one (its advising mode)."""
-    self._bot_at = self._mg.step_count
+  def _follow(self, code: int) -> None:
+    """After the agent took the bot's suggestion `code`: its next one (its advising mode)."""
     try:
       self._bot_action = self._bot.replan(code)
-    except Exception:  # noqa: BLE001  see _new_bot
-      self._bot_action = None
+    except Exception:  # noqa: BLE001  a plan the step broke: plan afresh
+      self._start_bot(self._bot.vis_mask)
 
 
 def _plan(bot, instr) -> None:

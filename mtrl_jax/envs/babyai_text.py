@@ -35,7 +35,7 @@ _NOT_ITEMS = ("unseen", "empty", "wall", "floor", "agent")
 TERSE_MAX_OBJECTS = 8
 # Longest terse lines: "wall f6 l3 r3" (13), "purple ball f6 l3 locked" (24; only a door has a
 # state, and "purple door f6 l3 locked" is as long), "carry purple ball" (17), "invalid" (7).
-TERSE_MAX_CHARS = 13 + TERSE_MAX_OBJECTS * (1 + 24) + (1 + 17) + (1 + 7)  # = 238
+TERSE_MAX_CHARS = 13 + TERSE_MAX_OBJECTS * (1 + 24) + (1 + 17) + (1 + 7)  # = 239
 
 
 class Item(NamedTuple):
