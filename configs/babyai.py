@@ -14,7 +14,8 @@ model=smol: configs/smol.py's pretrained policy (its chat template, pretrained l
 the natural rendering (sentences).
 Args: level, max_turns (0: LEVELS' value, else 32), quality, model (byte | smol), hf_dir,
 estimator (ms_grpo | grpo | gae ...; gae adds a critic), context (history | markov: what the
-turn layout trains on; history = the session layout), seed, runlocal.
+turn layout trains on; history = the session layout), rollout (lockstep | continuous | async |
+tree: how RL plays its sessions), seed, runlocal.
 Measured: docs/tasks.md (BabyAI section).
 """
 from configs import smol
@@ -23,25 +24,29 @@ from mtrl_jax.config import base_config, env_kwargs_for
 from mtrl_jax.config_args import parse_args
 
 MODELS = ("byte", "smol")
+# How the RL stage plays its sessions (a sweep's grid key: `--grid 'rollout=lockstep,continuous,async,tree'`).
+ROLLOUTS = ("lockstep", "continuous", "async", "tree")
 # Per level: (max_turns, byte-model context_cap). Turns: about three times the bot's mean walk and
 # above its longest at the demos' quality 0.7 (50 seeds: GoToLocalS6N2 mean 4.7 / max 12, OpenDoor
-# 10.8 / 30, UnlockLocal 21.5 / 42, GoToObj 5.0 / 11 at quality 1). Every turn of a session stays in
+# 10.8 / 30, UnlockLocal 21.5 / 42; at quality 1 on 500 seeds the longest: 8, 16, 26, GoToObj 13). Every turn of a session stays in
 # the sampler's cache, so the cap holds max_turns turns of the level's longest terse view plus the
 # action (~50-60 bytes a turn on these levels; ~150 on the eight-object rooms, GoToRedBall and
 # GoToLocal: those cost three times as much per turn on the CPU).
-LEVELS = {"GoToLocalS6N2": (16, 1024), "GoToObj": (12, 1024), "OpenDoor": (20, 1024),
-          "UnlockLocal": (32, 2048), "GoToRedBall": (16, 2048), "GoToLocal": (16, 2048),
-          "PickupLoc": (16, 2048)}
+LEVELS = {"GoToLocalS6N2": (16, 1024), "GoToObj": (16, 1024), "OpenDoor": (20, 1024),
+          "UnlockLocal": (32, 2048), "GoToRedBall": (24, 2048), "GoToLocal": (24, 2048),
+          "PickupLoc": (24, 2048)}
 
 
 def get_config(arg=None):
   a = parse_args(arg, {"level": "GoToLocalS6N2", "max_turns": 0, "quality": 0.7, "model": "byte",
-                       "hf_dir": "", "estimator": "ms_grpo", "context": "history", "seed": 0,
-                       "runlocal": False})
+                       "hf_dir": "", "estimator": "ms_grpo", "context": "history", "rollout": "lockstep",
+                       "seed": 0, "runlocal": False})
   if a["model"] not in MODELS:
     raise ValueError(f"model={a['model']!r}: choose one of {MODELS}")
   if a["hf_dir"] and a["model"] != "smol":
     raise ValueError(f"hf_dir={a['hf_dir']!r}: only model=smol reads a pretrained folder")
+  if a["rollout"] not in ROLLOUTS:
+    raise ValueError(f"rollout={a['rollout']!r}: choose one of {ROLLOUTS}")
   turns, cap = LEVELS.get(a["level"], (32, 2048))
   turns = a["max_turns"] or turns
   c = base_config()
@@ -74,6 +79,12 @@ def get_config(arg=None):
   c.eval.greedy = False
   c.checkpoint.every = 10
   c.log.tensorboard = False
+  if a["rollout"] == "continuous":  # rows refilled as sessions end (rollout/continuous.py)
+    c.rollout.continuous = True
+  elif a["rollout"] == "async":  # actors play while the learner trains (rollout/actors.py)
+    c.asynchronous.enabled = True
+  elif a["rollout"] == "tree":  # every session forks in two at turn 1 (rollout/tree.py)
+    c.rollout.tree.update(enabled=True, branch_turns=(1,), width=2)
   if a["model"] == "smol":
     # SmolLM2-135M in full (30 blocks) costs ~1,000x the byte model per token: on a shared 2-core
     # CPU only a few updates fit (docs/tasks.md says what was run and measured).
