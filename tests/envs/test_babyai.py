@@ -105,13 +105,45 @@ def test_terse_bound_holds_for_the_fullest_view():
       assert max(len(t[1]) for t in transcript) <= babyai_text.TERSE_MAX_CHARS  # t[1]: the observation
 
 
+@pytest.mark.parametrize("style", ["terse", "natural"])
+def test_action_words_do_what_they_say(style):
+  """On the hand-built room: left and right turn the agent, forward steps ahead, pickup takes the
+  object in front, drop puts it back there, toggle opens the closed door in front, done changes
+  nothing. Break checked: ACTIONS out of minigrid's order (pickup and drop swapped: the expert
+  still wins, its words are consistently wrong, but "pickup" drops)."""
+  env = _hand_built_env()
+  mg = env._mg
+  mg.carrying = None
+  mg.grid.set(4, 3, Ball("green"))         # in front of the agent (east of (3, 3))
+  mg.grid.set(3, 2, Door("red"))           # north of it: a closed door
+  env.style = style
+  env.step("left")
+  assert mg.agent_dir == 3 and tuple(mg.agent_pos) == (3, 3)   # facing north now
+  env.step("toggle")
+  assert mg.grid.get(3, 2).is_open
+  env.step("right")
+  assert mg.agent_dir == 0
+  env.step("pickup")
+  assert mg.carrying is not None and mg.carrying.color == "green" and mg.grid.get(4, 3) is None
+  env.step("drop")
+  assert mg.carrying is None and mg.grid.get(4, 3).type == "ball"
+  env.step("right")
+  assert mg.agent_dir == 1
+  env.step("forward")
+  assert tuple(mg.agent_pos) == (3, 4)
+  before = (tuple(mg.agent_pos), mg.agent_dir, mg.grid.encode().tobytes())
+  env.step("done")
+  assert (tuple(mg.agent_pos), mg.agent_dir, mg.grid.encode().tobytes()) == before
+
+
 # -- the expert -------------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize("level", USED)
 def test_expert_wins_every_task_of_a_pool(level):
   """The bot wins each of 30 tasks (docs/tasks.md: 500 of 500 on each level used). Break
-  checked: the last episode's bot kept across reset (its plan is for another layout)."""
+  checked: the last episode's bot and its suggestion kept across reset (a plan for another
+  layout)."""
   env = envs.make("babyai", level=level)
   wins = [run_episode(env, seed, "expert")[1] for seed in range(30)]
   assert all(wins), [s for s, w in enumerate(wins) if not w]
