@@ -380,6 +380,16 @@ def test_equal_state_keys_mean_equal_futures():
       assert futures[0] == futures[1], key
       checked += 1
   assert checked >= 10, checked
+  # Moments the walks rarely pair up: the same place, heading and empty hands, a ball moved.
+  here = _hand_built_env()
+  here._mg.carrying = None
+  here._mg.grid.set(4, 3, Ball("green"))
+  moved = here.clone()
+  for a in ("pickup", "left", "drop", "right"):  # the ball from in front to the left-hand cell
+    moved.step(a)
+  assert (tuple(moved._mg.agent_pos), moved._mg.agent_dir) == (tuple(here._mg.agent_pos), here._mg.agent_dir)
+  futures = [[o.observation for o in _steps_until_done(e.clone(), ["left", "forward"])] for e in (here, moved)]
+  assert futures[0] != futures[1] and here.state_key() != moved.state_key()
 
 
 def _steps_until_done(env, actions):
