@@ -96,8 +96,14 @@ def get_config(arg=None):
     c.rl.group_size = 4
     c.rl.tasks_per_update = 4
     c.rollout.turn_budget = 8  # one-word replies; longer ones are cut
-    # The natural prompt is ~170 tokens, a turn ~40-120 (a one-room view lists up to 8 objects).
-    c.rollout.context_cap = 256 + 96 * turns
+    # The natural prompt is ~170 tokens, a turn ~50 on a level with few objects in view (GoToObj,
+    # OpenDoor); an eight-object room (GoToRedBall, GoToLocal) needs ~110: raise the cap there.
+    c.rollout.context_cap = 256 + 64 * turns
+    # On a CPU the KV cache is the memory: 64 sessions of 30 blocks x 1,280 positions take ~4 GB
+    # (an eval of 64 tasks was killed for memory on a shared 24 GB machine). Eight decode rows and
+    # eight live sessions keep it to ~0.5 GB; the sessions are the same (docs/rollout.md).
+    if a["rollout"] != "tree":  # trees fork rows in the lockstep layout
+      c.rollout.update(continuous=True, rows=8, in_flight=8)
     c.eval.tasks = 32
     c.eval.every = 8
     c.checkpoint.every = 4
