@@ -232,12 +232,12 @@ def test_training_and_evaluation_tasks_are_disjoint():
   sys.path.insert(0, ROOT)
   from configs import babyai as babyai_config
   from mtrl_jax.train.source import task_seeds
-  c = babyai_config.get_config("level=GoToRedBall")
+  c = babyai_config.get_config("")
   demo = set(range(c.seed, c.seed + c.demos.episodes))
   rl = {s for step in range(c.rl.steps) for s in task_seeds(c.seed, step, c.rl.tasks_per_update)}
   ev = set(range(c.eval.seed_offset, c.eval.seed_offset + max(c.eval.tasks, 64)))
   assert not (demo & ev) and not (rl & ev)
-  env = envs.make("babyai", level="GoToRedBall")
+  env = envs.make("babyai", **c.env.kwargs)
   train_layouts = {_layout(env, s) for s in sorted(demo)[:200] + [s % 2**16 for s in sorted(ev)]}
   eval_layouts = {_layout(env, s) for s in sorted(ev)}
   assert not (train_layouts & eval_layouts)
