@@ -5,7 +5,7 @@
   first = env.reset(seed=0)              # Reset(prompt, observation)
   out = env.step(env.expert_action())    # Step(observation, reward, terminated, truncated, info)
 
-Built-ins: bifurcation, cashout, keydoor, memory, repair, textarena (adapter), and the latency /
+Built-ins: bifurcation, cashout, keydoor, memory, repair, textarena and babyai (adapters), and the latency /
 faulty wrappers; `names()` lists what is registered.
 """
 from mtrl_jax.envs.base import (Env, EnvError, Reset, Step, derive_seed, policy_action,

@@ -26,6 +26,7 @@ _REGISTRY: dict[str, Callable[..., Env]] = {}
 # Modules whose import registers the built-in envs (imported on first use, so
 # importing the registry stays cheap and free of cycles).
 _BUILTIN_MODULES = (
+    "mtrl_jax.envs.babyai",
     "mtrl_jax.envs.bifurcation",
     "mtrl_jax.envs.cashout",
     "mtrl_jax.envs.delayed",
