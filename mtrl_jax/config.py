@@ -137,7 +137,10 @@ def base_config() -> ml_collections.ConfigDict:
   # `width` siblings at each turn of `branch_turns`; rl.group_size counts leaves (a multiple of
   # width ** len(branch_turns)). token_budget > 0 ends the RL stage once that many generated +
   # prefilled tokens were spent (chains too, so trees and chains compare at equal tokens).
-  c.rollout.tree = ml_collections.ConfigDict(dict(enabled=False, branch_turns=(), width=2, token_budget=0))
+  # shared_draws: a fork's children keep the parent's random stream (common random numbers across
+  # siblings); False (default): each child redraws the env's unseen future from its own seed.
+  c.rollout.tree = ml_collections.ConfigDict(dict(enabled=False, branch_turns=(), width=2, token_budget=0,
+                                                  shared_draws=False))
 
   c.rl = ml_collections.ConfigDict(dict(
       steps=100,
@@ -334,6 +337,7 @@ def validate(c: ml_collections.ConfigDict, num_devices: int | None = None) -> No
     except ValueError as e:
       raise ValueError(f"config.rollout.tree: {e}") from e
   _check(c.rollout.tree.token_budget >= 0, "rollout.tree.token_budget", "must be >= 0 (0 = no limit)")
+  _check(isinstance(c.rollout.tree.shared_draws, bool), "rollout.tree.shared_draws", "must be True or False")
   _check(len(tuple(c.rollout.local_mesh)) in (0, 3), "rollout.local_mesh",
          f"must be () (automatic) or a (data, fsdp, tensor) shape, got {tuple(c.rollout.local_mesh)}")
   _validate_rollout_scale(c)

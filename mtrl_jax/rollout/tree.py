@@ -18,6 +18,14 @@ out task-major, `sessions[i * G + g]`, like the chain engine's, except that
 a session which ends before a branch turn has no siblings there: its unborn
 rows are left out (fewer than G sessions for that task).
 
+Randomness after a fork: a deep copy of the env would hand every sibling the parent's random
+stream, so siblings of a stochastic env (noise, slips, a payoff drawn as it goes) would all see the
+same future and their comparison would lose the env's spread. Each child therefore redraws what the
+policy has not seen yet (`Env.redraw`) from a seed of (task seed, its session id): reproducible, and
+independent of the parent's. `TreeSpec(shared_draws=True)` keeps the parent's stream instead (common
+random numbers across siblings); an env built with `crn=True` keeps it too, since there every
+session of a task already draws the same numbers.
+
 Session records: `tree_id` is the root's session id, `node_id` the leaf's
 index inside its tree (0 = the root's own line), and `branch_of =
 (parent session id, turn)`: the child shares turns [0, turn) and turn
@@ -33,6 +41,7 @@ from typing import Sequence
 
 import jax
 
+from mtrl_jax.envs.base import derive_seed
 from mtrl_jax.rollout.engine import RolloutEngine, RolloutResult, RolloutTiming
 from mtrl_jax.rollout.ledger import TokenLedger
 from mtrl_jax.rollout.session import Session
@@ -45,9 +54,12 @@ class TreeSpec:
   branch_turns: turn indices (0-based) at which every live session forks;
     turn 0 shares only the prompt and first observation.
   width: siblings per fork (the parent continues as one of them).
+  shared_draws: children keep the parent's random stream (common random numbers across siblings)
+    instead of redrawing their future (module doc).
   """
   branch_turns: tuple = ()
   width: int = 2
+  shared_draws: bool = False
 
   def __post_init__(self):
     turns = tuple(int(t) for t in self.branch_turns)
@@ -73,6 +85,15 @@ class TreeSpec:
 def clone_env(env):
   """An independent copy of a live env (deep copy: wrappers included)."""
   return copy.deepcopy(env)
+
+
+def _common_draws(env) -> bool:
+  """Whether the env (under any wrappers) draws common random numbers across a task's sessions."""
+  while env is not None:
+    if getattr(env, "crn", False):
+      return True
+    env = getattr(env, "env", None)
+  return False
 
 
 class TreeRolloutEngine(RolloutEngine):
@@ -133,6 +154,8 @@ class TreeRolloutEngine(RolloutEngine):
                            branch_of=(parent.session_id, turn), prompt=parent.prompt,
                            turns=list(parent.turns))
         envs[c] = clone_env(envs[r])
+        if not (self.tree.shared_draws or _common_draws(envs[c])):
+          envs[c].redraw(derive_seed("tree-fork", parent.seed, slots[c].session_id))
         pending[c] = pending[r]
         src.append(r)
         dst.append(c)

@@ -265,7 +265,7 @@ class Run:
               sampling=sampling, num_env_threads=r.env_threads, env_name=self.c.env.name)
     if tree and r.tree.enabled:
       from mtrl_jax.rollout.tree import TreeRolloutEngine, TreeSpec
-      spec = TreeSpec(tuple(r.tree.branch_turns), r.tree.width)
+      spec = TreeSpec(tuple(r.tree.branch_turns), r.tree.width, shared_draws=bool(r.tree.shared_draws))
       return TreeRolloutEngine(self.sampler, self.tok, self._env_factory(), tree=spec, **kw)
     if r.continuous:  # docs/rollout.md
       from mtrl_jax.rollout.continuous import ContinuousEngine

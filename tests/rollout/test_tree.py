@@ -153,6 +153,31 @@ def test_every_root_reset_gets_its_session_id_and_a_per_session_probe_repeats():
   assert any(runs[0][a] != runs[0][b] for a, b in zip(roots[::2], roots[1::2]))
 
 
+@pytest.mark.parametrize("shared", [False, True])
+def test_forked_children_redraw_the_unseen_future_unless_draws_are_shared(shared):
+  """Host-only: trees of `delayed` (noise 0.5 a turn and a payoff drawn as the session goes), 2 roots
+  of 2 leaves per task forking at turn 1. Every reply is a digit string, so every session plays
+  the same arm and any difference between siblings' rewards comes from the env's draws. Default:
+  the children's rewards from the fork on are not all their parent's (each redraws its future from
+  its own seed), and two runs agree; shared_draws=True: every child sees its parent's exact future.
+  Break checked: without the redraw in TreeRolloutEngine._branch (a deep copy shares the parent's
+  stream) all 6 children repeat their parent's rewards and the default case fails."""
+  runs = []
+  for _ in range(2):
+    engine = TreeRolloutEngine(ScriptedSampler(), TOK, lambda: LoggedDelayed(ResetLog()), group_size=4,
+                               tree=TreeSpec((1,), 2, shared_draws=shared), turn_token_budget=3,
+                               context_cap=256, num_env_threads=3)
+    runs.append(engine.run([21, 22, 23], jax.random.key(4)).sessions)
+  sessions = runs[0]
+  assert rewards_by_session(runs[0]) == rewards_by_session(runs[1])
+  by_id = {s.session_id: s for s in sessions}
+  children = [s for s in sessions if s.branch_of is not None]
+  assert len(children) == 6
+  same = [[t.reward for t in c.turns[1:]] == [t.reward for t in by_id[c.branch_of[0]].turns[1:]]
+          for c in children]
+  assert all(same) if shared else not all(same), same
+
+
 def test_tree_spec_validation():
   with pytest.raises(ValueError, match="multiple"):
     TreeSpec((1,), 3).roots(4)
