@@ -426,7 +426,8 @@ def export_peft_adapter(model: Transformer, out_dir: str, *, base_model_name_or_
 
 
 if __name__ == "__main__":
-  import sys
+  # `python -m mtrl_jax.models.hf check|convert`: the command line is hf_check.py's (it imports this
+  # module, so this module names it only here, at run time: no import cycle between the two).
+  import runpy
 
-  from mtrl_jax.models import hf_check
-  sys.exit(hf_check.main(sys.argv[1:]))
+  runpy.run_module("mtrl_jax.models.hf_check", run_name="__main__", alter_sys=True)

@@ -163,3 +163,7 @@ def main(argv: Sequence[str]) -> int:
       "greedy_match": r.greedy_match, "greedy_first_mismatch": r.greedy_first_mismatch, "ok": ok,
   }), flush=True)
   return 0 if ok else 1
+
+
+if __name__ == "__main__":
+  sys.exit(main(sys.argv[1:]))
