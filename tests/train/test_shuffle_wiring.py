@@ -13,7 +13,7 @@ def test_shuffled_learner_trains_on_a_new_permutation_of_the_same_advantages_eac
   Quick: the two learners share one compiled advantage program (the shuffle runs outside it).
 
   Breaks checked: the learner ignoring the option (no shuffle) fails 'not in the same places'; the
-  shuffle key without the policy version (`jax.random.key(seed + 31)` alone in train/learner.py: the
+  shuffle key without the policy version (`jax.random.key(seed + 31)` alone in train/credit_step.py: the
   same permutation every update, the control then only relabels a fixed token order) fails the
   version-1 check."""
   sessions = list(sessions_v0())
