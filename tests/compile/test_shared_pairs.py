@@ -15,7 +15,12 @@ spec without a pair here fails `test_every_spec_field_has_a_pair`.
 Breaks checked (scratch copy): AdvantageProgram hashed and compared on its
 name only (the issue's bug) -> the gae lambda_policy, lambda_critic and gamma
 pairs fail ("same output"); RLStepProgram's eq/hash without value_clip -> the
-value_clip pair fails.
+value_clip pair fails. And, one at a time, `shared` keyed on the spec less one
+field, for every paired field: its pair fails "same output". A pair must vary
+its field alone: the policy/critic graphdef pairs once changed both models (and
+the decoupled pair the loss's behaviour cap too), so each of those fields could
+leave the key unseen; the critic's value head, zero at init, is drawn here so its
+graphdef shows in the values.
 """
 import dataclasses
 import functools
@@ -72,16 +77,24 @@ def _config(**rl):
 
 
 @functools.lru_cache(maxsize=None)
-def _world(model_items=()):
-  """(mesh, rules, policy (gd, params), critic (gd, params)) of a tiny model; cached per model change."""
+def _world(model_items=(), critic_items=()):
+  """(mesh, rules, policy (gd, params), critic (gd, params)) of a tiny model; cached per model change.
+  `model_items` change the policy's ModelConfig only and `critic_items` the critic's only, so a pair
+  varies one graphdef (a change to both would differ in two spec fields: one left out of a key would
+  go unseen)."""
   c = _config()
-  mc = dataclasses.replace(ModelConfig.from_dict(c.model), **dict(model_items))
+  base = ModelConfig.from_dict(c.model)
+  mc, mc_critic = (dataclasses.replace(base, **dict(items)) for items in (model_items, critic_items))
   mesh = mesh_from_config(c.mesh, devices=jax.devices()[:1])
   rules = rules_from_config(c.mesh)
   policy = nnx.split(create_sharded(lambda: Transformer(mc, rngs=nnx.Rngs(0)), mesh, rules))
-  critic = nnx.split(create_sharded(lambda: Critic(mc, rngs=nnx.Rngs(1)), mesh, rules))
+  critic = nnx.split(create_sharded(lambda: Critic(mc_critic, rngs=nnx.Rngs(1)), mesh, rules))
   # Weights x 4: peaked distributions, so a graphdef switch (rope, compute dtype) moves log-probs by far more
-  # than FAR (at the init's scale the untrained model is near uniform and hides it).
+  # than FAR (at the init's scale the untrained model is near uniform and hides it). The critic's value head
+  # starts at zero (values 0 whatever the trunk): drawn here, so the critic's graphdef shows in its values.
+  r = np.random.default_rng(2)
+  head = lambda x: x if np.any(np.asarray(x)) else r.normal(0, 0.5, x.shape).astype(x.dtype)  # noqa: E731
+  critic = (critic[0], jax.tree.map(head, critic[1]))
   return mesh, rules, *((gd, jax.tree.map(lambda x: x * 4.0, p)) for gd, p in (policy, critic))
 
 
@@ -89,8 +102,8 @@ def _copy(tree):
   return jax.tree.map(lambda x: np.array(x), jax.device_get(tree))
 
 
-def _learner(model=(), **rl) -> Learner:
-  mesh, rules, (pgd, pp), (cgd, cp) = _world(tuple(sorted(model)))
+def _learner(model=(), critic_model=(), **rl) -> Learner:
+  mesh, rules, (pgd, pp), (cgd, cp) = _world(tuple(sorted(model)), tuple(sorted(critic_model)))
   c = _config(**rl)
   return Learner(c, mesh, rules, policy_gd=pgd, policy_params=_copy(pp), critic_gd=cgd, critic_params=_copy(cp),
                  ref_params=_copy(pp), total_updates=4, tokenizer=TOK)
@@ -136,19 +149,26 @@ def _flat(out) -> np.ndarray:
 
 
 # ------------------------------------------------------------------ what each kind of pair runs
-def run_step(model=(), **rl):
+def run_step(model=(), critic_model=(), **rl):
   """A learner's RL step on the fixed batch: its metrics and the moved policy and critic."""
-  lrn = _learner(model, **rl)
+  lrn = _learner(model, critic_model, **rl)
   met = lrn.step(RLBatch(*_rl_batch()), StepFlags(np.float32(1), np.float32(1), np.float32(0)))
   return {"metrics": jax.device_get(met), "policy": _copy(lrn.state.policy), "critic": _copy(lrn.state.critic)}
 
 
-def run_score(model=(), **rl):
+def run_score(model=(), critic_model=(), **rl):
   """A learner's scoring program (log-probs, reference log-probs, values) on the batch's tokens."""
-  lrn = _learner(model, **rl)
+  lrn = _learner(model, critic_model, **rl)
   b = _rl_batch()
   return _copy(lrn._score(lrn.state.policy, lrn.state.critic, lrn.ref_params, b.tokens_bt, b.targets_bt,
                           b.positions_bt))
+
+
+def run_values(model=(), critic_model=(), **rl):
+  """A learner's values program (the critic alone, Learner.critic_values's) on the batch's tokens."""
+  lrn = _learner(model, critic_model, **rl)
+  b = _rl_batch()
+  return _copy(lrn._values(lrn.state.policy, lrn.state.critic, b.tokens_bt, b.positions_bt))
 
 
 def run_advantages(model=(), **rl):
@@ -156,9 +176,9 @@ def run_advantages(model=(), **rl):
   return _copy(_learner(model, **rl).credit.adv_fn(_credit_batch()))
 
 
-def run_value_fit(model=(), **over):
+def run_value_fit(model=(), critic_model=(), **over):
   """A value-pretraining critic's fit step on the batch (train/value_pretrain.py): moved critic, loss."""
-  lrn = _learner(model, **over)
+  lrn = _learner(model, critic_model, **over)
   vp = ValuePretrainer(lrn, lrn.c)
   b = _rl_batch()
   opt = init_opt_state(vp.tx, vp.params, vp.o_sh)
@@ -213,13 +233,18 @@ PAIRS = [
     ("RLStepProgram.loss_cfg", run_step, {}, {"eps_low": 0.02}),
     ("RLStepProgram.value_coef", run_step, {}, {"value_coef": 3.0}),
     ("RLStepProgram.value_clip", run_step, {}, {"value_clip": 0.0}),
-    ("RLStepProgram.decoupled", run_step, {}, {"decoupled": False}),
+    # rl.decoupled also sets the loss's behaviour cap (PolicyLossConfig.behav_cap, None when not decoupled):
+    # with is_cap None on both sides only the step's own flag differs.
+    ("RLStepProgram.decoupled", run_step, {"is_cap": None}, {"decoupled": False}),
     ("RLStepProgram.tx_policy", run_step, {}, {"lr": 1e-3}),
     ("RLStepProgram.tx_critic", run_step, {}, {"critic_lr": 1e-3}),
     ("RLStepProgram.policy_gd", run_step, {}, {"model": ROPE}),
+    ("RLStepProgram.critic_gd", run_step, {}, {"critic_model": ROPE}),
     ("ScoreProgram.policy_gd", run_score, {}, {"model": ROPE}),
+    ("ScoreProgram.critic_gd", run_score, {}, {"critic_model": ROPE}),
+    ("ValuesProgram.critic_gd", run_values, {}, {"critic_model": ROPE}),
     ("ValueFitProgram.tx", run_value_fit, {}, {"value_pretrain.lr": 0.005}),
-    ("ValueFitProgram.critic_gd", run_value_fit, {}, {"model": ROPE}),
+    ("ValueFitProgram.critic_gd", run_value_fit, {}, {"critic_model": ROPE}),
     ("DecodePrograms.stop_ids", run_sampler, {}, {"stop_ids": tuple(range(1, 264))}),  # every row stops at once
     ("DecodePrograms.graphdef", run_sampler, {}, {"model": ROPE}),
     ("SeededInit.factory", run_init, {}, {"model": (("mlp_dim", 24),)}),
@@ -229,14 +254,11 @@ PAIRS = [
 
 # Fields no pair varies alone, and why.
 UNPAIRED = {
-    "RLStepProgram.critic_gd": "the critic's graphdef: its pair is ValueFitProgram.critic_gd's (same ModelConfig "
-                               "switch); the step's own output also moves with RLStepProgram.policy_gd's pair",
     "RLStepProgram.shared_trunk": "set by critic.kind='lora', which changes critic_gd and the state's structure too",
-    "ScoreProgram.critic_gd": "as RLStepProgram.critic_gd",
     "ScoreProgram.shared_trunk": "as RLStepProgram.shared_trunk",
     "ScoreProgram.policy_trainable": "set by LoRA adapters, which change policy_gd and the state's structure too",
-    "ValuesProgram.policy_gd": "the same forward as ScoreProgram's values (ScoreProgram.policy_gd's pair)",
-    "ValuesProgram.critic_gd": "as RLStepProgram.critic_gd",
+    "ValuesProgram.policy_gd": "read only by a value head (critic.kind='head'): with a separate critic the values "
+                               "do not depend on it; the head's forward is ScoreProgram's (its policy_gd pair)",
     "ValuesProgram.shared_trunk": "as RLStepProgram.shared_trunk",
     "ValueFitProgram.policy_gd": "read only by a value head (critic.kind='head'), whose policy_gd pair is RLStepProgram's",
     "ValueFitProgram.donate": "donation changes which buffers are reused, not the numbers",
@@ -258,16 +280,16 @@ def _call(run, kw):
 
 
 @functools.lru_cache(maxsize=None)
-def _base(run):
+def _base(run, base=()):
   """The base's output, built first in this process (so a pair's program would be the base's if keyed wrongly)."""
-  return _flat(_call(run, {}))
+  return _flat(_call(run, dict(base)))
 
 
 @pytest.mark.parametrize("field,run,base,change", PAIRS, ids=[f"{p[0]}:{sorted(p[3])}" for p in PAIRS])
 def test_a_pair_that_differs_in_one_field_gets_its_own_program(field, run, base, change):
   """The base runs first, then the one-field change, in this process: the outputs differ by more than FAR
   while the base run twice agrees to NOISE."""
-  first = _base(run)
+  first = _base(run, tuple(sorted(base.items())))
   again = _flat(_call(run, base))
   assert first.shape == again.shape and np.max(np.abs(first - again)) <= NOISE * max(1.0, np.abs(first).max())
   other = _flat(_call(run, {**base, **change}))

@@ -1,10 +1,13 @@
 """The share of generated tokens whose trainer/sampler importance ratio leaves
-[0.9, 1.1] (train/learner.py sampler_mismatch, "mismatch/ratio_out_share")."""
+[0.9, 1.1] (train/scoring.py sampler_mismatch, "mismatch/ratio_out_share"), and the scoring step's
+largest proximal / behaviour ratio (scored_stats, "update/ratio_prox_behav_max")."""
+from types import SimpleNamespace
+
 import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mtrl_jax.train.scoring import MISMATCH_RATIO_BAND, sampler_mismatch
+from mtrl_jax.train.scoring import MISMATCH_RATIO_BAND, Scored, sampler_mismatch, scored_stats
 
 
 def test_hand_worked_band_edges():
@@ -42,3 +45,17 @@ def test_share_equals_counting_ratios(rows):
   cur = (mask > 0) & (version == 1)
   want = float(((ratio < lo) | (ratio > hi))[cur].mean()) if cur.any() else 0.0
   assert abs(out["mismatch/ratio_out_share"] - want) < 1e-12
+
+
+def test_largest_ratio_is_proximal_over_behaviour_on_the_loss_mask():
+  """Ratios pi_prox / pi_behav of 1.0, 1.5 and 0.5 on loss tokens and 3.0 off the mask: the largest is 1.5.
+  Breaks checked (scratch copy): the ratio inverted (exp(behav - prox) in scored_stats) reads 2.0; the
+  mask ignored reads 3.0. The batch is a stand-in with the three fields scored_stats reads."""
+  r = np.array([[1.0, 1.5, 0.5, 3.0]])
+  behav = np.full_like(r, -2.0)
+  pb = SimpleNamespace(behav_logp_bt=behav, loss_mask_bt=np.array([[1, 1, 1, 0]], np.float32),
+                       version_bt=np.zeros((1, 4), np.int32))
+  zeros = np.zeros_like(r)
+  out = scored_stats(Scored(prox_logp_bt=behav + np.log(r), ref_logp_bt=zeros, values_bt=zeros), pb, version=0)
+  assert abs(out["update/ratio_prox_behav_max"] - 1.5) < 1e-9
+  assert out["mismatch/tokens"] == 3 and out["mismatch/ratio_out_share"] == 2 / 3

@@ -3,6 +3,7 @@ update (policy version) draws its own permutation."""
 import numpy as np
 
 from mtrl_jax.rollout.packing import pack_sessions
+from mtrl_jax.train import credit_step
 from tiny_world import learner, sessions_v0
 
 
@@ -13,7 +14,7 @@ def test_shuffled_learner_trains_on_a_new_permutation_of_the_same_advantages_eac
   Quick: the two learners share one compiled advantage program (the shuffle runs outside it).
 
   Breaks checked: the learner ignoring the option (no shuffle) fails 'not in the same places'; the
-  shuffle key without the policy version (`jax.random.key(seed + 31)` alone in train/learner.py: the
+  shuffle key without the policy version (`jax.random.key(seed + 31)` alone in train/credit_step.py: the
   same permutation every update, the control then only relabels a fixed token order) fails the
   version-1 check."""
   sessions = list(sessions_v0())
@@ -32,3 +33,27 @@ def test_shuffled_learner_trains_on_a_new_permutation_of_the_same_advantages_eac
   again = np.asarray(lrn.advantages(pb, zeros)[0])
   np.testing.assert_allclose(np.sort(again[mask]), np.sort(want[mask]), rtol=1e-6)
   assert np.abs(again - got).max() > 0.1
+
+
+def test_each_update_shuffles_with_its_own_version(monkeypatch):
+  """Through Learner.update (the training path, not the `advantages` helper above): two updates on one
+  batch of grpo sessions shuffle the same advantages two different ways.
+  Break checked: update handing the credit step a fixed version (`version=0` in Learner.update) -> both
+  updates use one permutation; the test above, which calls `advantages`, passes."""
+  seen = []
+  real = credit_step.shuffle_advantages
+
+  def spy(adv, mask, key):
+    out = real(adv, mask, key)
+    seen.append((np.asarray(adv), np.asarray(out)))
+    return out
+
+  monkeypatch.setattr(credit_step, "shuffle_advantages", spy)
+  lrn = learner(estimator="grpo", shuffle_advantages=True)
+  sessions = list(sessions_v0())
+  lrn.update(sessions, 0)
+  lrn.update(sessions, 1)
+  assert len(seen) == 2
+  (adv0, shuffled0), (adv1, shuffled1) = seen
+  np.testing.assert_allclose(adv0, adv1, rtol=1e-6)  # grpo: the same advantages at both versions
+  assert np.abs(shuffled0 - shuffled1).max() > 0.1
