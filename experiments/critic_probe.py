@@ -125,9 +125,10 @@ def rl(out: str, h: int, seed: int, arm: str) -> dict:
                            "critic": summary.get("critic")})
 
 
-def report(out: str) -> str:
+def report(out: str) -> tuple[str, dict]:
+  """(the table's lines, one dict per horizon of the paired difference) from OUT/records."""
   recs = {os.path.basename(p)[:-5]: json.load(open(p)) for p in glob.glob(os.path.join(out, "records", "*.json"))}
-  lines = []
+  lines, summary = [], {}
   for h in sorted({r["horizon"] for r in recs.values()}):
     w = recs.get(f"warm,h={h}")
     if w:
@@ -158,10 +159,12 @@ def report(out: str) -> str:
     t = stats.paired_test(d)
     if t is not None:
       ok = t.hi >= 0
+      summary[f"h{h}"] = {"seeds": list(seeds), "diff_mean": t.mean, "diff_lo": t.lo, "diff_hi": t.hi,
+                          "not_below": bool(ok)}
       lines.append(f"h={h} {ARMS[0]} - {ARMS[1]} over seeds {seeds}: {t.mean:+.3f} [{t.lo:+.3f}, {t.hi:+.3f}] "
                    f"(diffs {', '.join(f'{x:+.3f}' for x in d)}): "
                    + ("not below by more than the interval" if ok else "BELOW by more than the interval"))
-  return "\n".join(lines)
+  return "\n".join(lines), summary
 
 
 def main(argv=None):
@@ -185,8 +188,10 @@ def main(argv=None):
         if "rl" in todo:
           for arm in ARMS:
             rl(a.out, h, seed, arm)
-        print(report(a.out), flush=True)
-  print(report(a.out))
+        print(report(a.out)[0], flush=True)
+  text, summary = report(a.out)
+  print(text)
+  print(json.dumps({"critic_probe": summary}))
 
 
 if __name__ == "__main__":
