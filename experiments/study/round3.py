@@ -33,10 +33,11 @@ HORIZONS = (2, 8, 32)
 PARTIAL_RATIO = 0.45
 CRITICS = {"none": {"vp": False}, "partial": {"vpr": PARTIAL_RATIO}, "full": {}}
 # E1's lambdas: 0.95, 1 and VAPO's length-adaptive lambda = 1 - 1 / (alpha l), l = the session's action
-# tokens. At alpha 2 (configs/study.py's arm) and delayed(cue)'s l of about 7, 20 and 68 action tokens at
-# H = 2, 8, 32 (the word at turn 0, a letter and a stop token a relay turn; the H=2 pilot's ledger read
-# 3.7 generated tokens a turn), lambda is about 0.93, 0.975 and 0.993: VAPO's regime (alpha 0.05 on outputs
-# of hundreds to thousands of tokens gives 0.9-0.999). gae's default alpha 0.05 would give lambda 0 here.
+# tokens. delayed(cue)'s sessions have l of 7.5 and 19.5 generated tokens at H = 2 and 8 (the pilot's
+# ledger: the arm's word and a stop token at turn 0, a letter and a stop token a relay turn), so about 68
+# at H = 32; at alpha 2 (configs/study.py's arm) lambda is 0.93, 0.974 and 0.993: VAPO's regime (its alpha
+# 0.05 on outputs of hundreds to thousands of tokens gives 0.9-0.999). gae's default alpha 0.05 would give
+# lambda 0 here (1 / (alpha l) > 1, clamped).
 LAMBDA_ARMS = ("gae_lambda0.95", "gae_lambda1", "gae_length_adaptive_alpha2")
 GRADED_Q = (1.0, 0.5, 0.25)
 # The graded control's reference arms: MS-GRPO (critic-free, every experiment's arm without a critic) and
