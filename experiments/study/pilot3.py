@@ -61,8 +61,9 @@ def evals(wd: str) -> list[tuple]:
   """(step, sampled success, share following the sign, invalid actions in the last update) per RL eval."""
   rows = [json.loads(line) for line in open(os.path.join(wd, "metrics.jsonl"))]
   inv = [r["ledger/invalid_actions"] / r["ledger/turns"] for r in rows if r.get("stage") == "rl" and "ledger/turns" in r]
-  return [(r["step"], r["eval/success"], r.get("eval/decision_cued"), inv[-1] if inv else None)
-          for r in rows if r.get("stage") == "rl" and "eval/success" in r]
+  # The eval names only the decision kinds it saw: no `decision_cued` beside `decision_uncued` is a share of 0.
+  return [(r["step"], r["eval/success"], r.get("eval/decision_cued", 0.0 if "eval/decision_uncued" in r else None),
+           inv[-1] if inv else None) for r in rows if r.get("stage") == "rl" and "eval/success" in r]
 
 
 def table(out: str) -> str:
