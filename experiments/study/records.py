@@ -167,15 +167,18 @@ CEILING_TASKS = 256  # the RL cells' eval tasks (configs/study.py): the ceiling 
 
 def ceiling(env_name: str, kwargs: dict, seeds) -> float | None:
   """The probe's ceiling: the share of these tasks the env's expert policy succeeds on (None when the
-  env cannot be built here, e.g. TextArena not installed)."""
+  env cannot be built here, e.g. TextArena not installed). Task j is played as the eval plays it, as
+  session j (train/evaluate.py: group id j, one session a group): an env with per-session draws
+  (delayed, revisit) then draws the eval's own noise, reproducibly (without a session id it draws
+  from the system's entropy: the committed ceilings made before this read a different sample)."""
   from mtrl_jax.envs import registry
   try:
     env = registry.make(env_name, **kwargs)
   except Exception:  # noqa: BLE001 (an optional dependency missing: no ceiling, not a failed record)
     return None
   wins = 0
-  for seed in seeds:
-    env.reset(seed)
+  for j, seed in enumerate(seeds):
+    env.reset(seed, j)
     while True:
       step = env.step(env.expert_action())
       if step.terminated or step.truncated:
