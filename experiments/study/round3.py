@@ -63,6 +63,11 @@ E6_REASON = (
     "-> 0.422, one seed, docs/tasks.md) but starts below 0.3 and costs ~10x a delayed h8 run a session; "
     "keydoor and frozenlake have anchor states but no measured warm start")
 
+# Issue 41 item 9 (E1 and E5 on TextWorld's coin collector at two quest lengths): not planned yet. The env
+# landed (configs/textworld.py, docs/tasks.md), but the byte model's learnability there is unmeasured (the
+# table in docs/tasks.md is empty), so no recipe or horizon can be registered from a measurement.
+TEXTWORLD_NOTE = "not planned: the byte model's learnability on coin collector is unmeasured (docs/tasks.md)"
+
 
 def base(h: int) -> dict:
   """The probe at horizon h: delayed with the cue, hidden draws salted by the seed."""
