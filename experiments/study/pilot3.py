@@ -89,6 +89,7 @@ def main(argv=None) -> int:
   a = p.parse_args(argv)
   if a.table:
     print(table(a.out))
+    print(json.dumps(_summary(a.out)))
     return 0
   inits = {}
   for spec in a.init:
@@ -97,7 +98,13 @@ def main(argv=None) -> int:
     inits[(int(h), int(s))] = path
   run(a.out, inits)
   print(table(a.out))
+  print(json.dumps(_summary(a.out)))
   return 0
+
+
+def _summary(out: str) -> dict:
+  """The JSON line a script ends with: how many of the pilot's runs are done in OUT."""
+  return {"runs": len(RUNS), "done": sum(os.path.exists(os.path.join(out, r[0], "done")) for r in RUNS)}
 
 
 if __name__ == "__main__":

@@ -45,6 +45,7 @@ RUNS = {
                                 "--tasks", "2", "--group", "2"], True),
     "experiments/study/__main__.py": (["--root", "{w}", "--only", "E1", "--seeds", "1", "--dry_run"], False),
     "experiments/study/readme.py": (["--check"], False),
+    "experiments/study/pilot3.py": (["--out", "{w}", "--table"], False),  # the table of an empty pilot folder
     "benchmarks/rollout.py": (["--tasks", "2", "--group", "2", "--rows", "2", "--reps", "1", "--dim", "32",
                                "--layers", "1", "--max_turns", "2", "--budget", "16", "--latency_ms", "1",
                                "--prompt_chars", "40"], True),
