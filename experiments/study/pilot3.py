@@ -23,9 +23,9 @@ import time
 
 # (run name, horizon, seed, configs/study.py arguments beyond the probe's, extra --config flags)
 RUNS = tuple(
-    [(f"h2_s0_{n}", 2, 0, a, ()) for n, a in (
+    [(f"h2_s{s}_{n}", 2, s, a, ()) for s in (0, 1, 2) for n, a in (
         ("ms_grpo", "arm=ms_grpo"), ("ms_grpo_q1", "arm=ms_grpo,dshuffle=1.0"),
-        ("ms_grpo_q0.5", "arm=ms_grpo,dshuffle=0.5"))]
+        ("ms_grpo_q0.5", "arm=ms_grpo,dshuffle=0.5"), ("ms_grpo_q0.25", "arm=ms_grpo,dshuffle=0.25"))]
     + [(f"h2_s{s}_{n}", 2, s, a, ()) for s in (0, 1, 2) for n, a in (
         ("gae", "arm=gae_lambda0.95"), ("gae_q1", "arm=gae_lambda0.95,dshuffle=1.0"),
         ("gae_q0.5", "arm=gae_lambda0.95,dshuffle=0.5"), ("gae_q0.25", "arm=gae_lambda0.95,dshuffle=0.25"))]
