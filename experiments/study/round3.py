@@ -11,8 +11,10 @@ What changes from the second round (plan.py, whose records and report stay as th
   family (INTERACTION_FAMILY).
 - Every probe task (horizon) has a graded positive control (configs/study.py `dshuffle=q`,
   credit/shuffle.py): a fraction q in GRADED_Q of the sessions get another session's decision-turn
-  advantage, the other turns keep theirs, so the format signal stays and the weakening is known. The
-  smallest q whose effect the design detects bounds what a "no difference" verdict may say.
+  advantage, the other turns keep theirs. The smallest q whose effect the design detects bounds what a
+  "no difference" verdict may say. Its pilot (docs/STUDY_ROUND3.md) found it not yet format-neutral: 4 of
+  18 control runs lost the reply format, so until the format penalty's credit is kept out of the shuffle,
+  a verdict bounded by it says that it removes more than the decision's credit on some seeds.
 - E2 (decoupled vs naive PPO through the async queue), E5 (trajectory GRPO vs MS-GRPO's per-turn samples)
   and VAPO's length-adaptive GAE (an arm of E1) are cells again; E6 is recorded "not tested" (E6_REASON).
 
