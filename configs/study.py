@@ -25,7 +25,16 @@ Args:
   decoupled  decoupled PPO (proximal policy = the learner's) vs naive PPO on stale data (E2)
   vp       value pretraining on/off for critic arms (E3)
   shuffle  the arm's advantages permuted over the batch's action tokens each update (the positive
-           control: the same advantages with their pairing broken, rl.shuffle_advantages)
+           control: the same advantages with their pairing broken, rl.shuffle_advantages; scope all)
+  dshuffle q in (0, 1]: the graded positive control (issue 41): a fraction q of the sessions get
+           another such session's decision-turn (turn-0) advantage, every other token keeps its own
+           (rl.shuffle_advantages with shuffle_scope 'decision', shuffle_fraction q); 0 = off
+  cue      delayed: turn 0 shows a sign naming the arm that pays, different across tasks (issue 43:
+           the decision is learned from the observation, not inherited from the warm start)
+  draws    delayed/revisit: the hidden draws salted by the seed (draw_seed = seed in the critic and rl
+           stages, so eval draws differ between seeds; a warm start keeps draw_seed 0)
+  vpr      > 0: value pretraining stops once the critic's EV reaches this ratio of the oracle's (a
+           deliberately partial critic, value_pretrain.stop_at_ratio); 0 = the defaults (the bar)
   penalty  memory/bifurcation/delayed/revisit: reward -penalty per invalid reply in RL (0.1; 0 = outcome only)
   context  session (one sample per session) | history | markov (one sample per turn, with the
            transcript or only the current observation: MS-GRPO's layouts, E5)
@@ -96,7 +105,8 @@ def get_config(arg=None):
   a = parse_args(arg, {"probe": "bifurcation", "horizon": 4, "arm": "ms_grpo", "lp": -1.0, "lc": -1.0,
                        "eta": 0, "decoupled": True, "vp": True, "context": "session", "stage": "rl",
                        "seed": 0, "penalty": 0.1, "shuffle": False, "runlocal": False, "tpa": 1,
-                       "crn": False, "model": "byte", "hf_dir": ""})
+                       "crn": False, "model": "byte", "hf_dir": "",
+                       "dshuffle": 0.0, "cue": False, "draws": False, "vpr": 0.0})
   if a["model"] not in MODELS:
     raise ValueError(f"model={a['model']!r}: choose one of {MODELS}")
   if a["hf_dir"] and a["model"] != "smol":
@@ -128,6 +138,20 @@ def _byte_cell(a: dict):
     c.rollout.turn_budget = max(c.rollout.turn_budget, a["tpa"] + 2)
   if a["probe"] in PER_SESSION_PROBES:
     c.env.kwargs.crn = bool(a["crn"])
+  if a["cue"] and a["probe"] != "delayed":
+    raise ValueError(f"cue=true: only probe=delayed has a cue (probe={a['probe']!r})")
+  if a["cue"]:
+    c.env.kwargs.cue = True
+  if a["draws"] and a["probe"] not in PER_SESSION_PROBES:
+    raise ValueError(f"draws=true: only {PER_SESSION_PROBES} salt their hidden draws (probe={a['probe']!r})")
+  if a["draws"] and a["stage"] != "warm":  # the warm start's demos keep the unsalted stream (shared by seeds)
+    c.env.kwargs.draw_seed = int(a["seed"])
+  if not 0.0 <= a["dshuffle"] <= 1.0:
+    raise ValueError(f"dshuffle={a['dshuffle']}: a fraction of sessions in (0, 1], or 0 for off")
+  if a["dshuffle"] and a["shuffle"]:
+    raise ValueError("dshuffle and shuffle: choose one control (decision-turn fraction, or every token)")
+  if not 0.0 <= a["vpr"] <= 1.0:
+    raise ValueError(f"vpr={a['vpr']}: a ratio of the oracle's EV in (0, 1], or 0 for the defaults")
   c.seed = a["seed"]
   c.log.tensorboard = False
   c.checkpoint.every = 5
@@ -161,6 +185,8 @@ def _byte_cell(a: dict):
   # session-bootstrap interval of +-0.032 on delayed h8 and +-0.030 on h32 (one round of 32 tasks:
   # +-0.11 / +-0.07), measured 2026-11-28; the 0.8 bar is judged on the ratio's interval (docs/critic.md).
   c.value_pretrain.readout_tasks = 256
+  if a["vpr"] > 0:
+    c.value_pretrain.stop_at_ratio = float(a["vpr"])
   if a["stage"] == "critic":
     # The critic every vp=on critic arm of this probe and seed starts RL with (their critics
     # are the same network, pretrained on the same Monte-Carlo targets of the same policy).
@@ -189,7 +215,9 @@ def _byte_cell(a: dict):
   # 0.59-0.69 -> 0.77-0.84 and most runs kept invalid replies under 7% of turns.
   c.rl.lr = 5e-4
   c.rl.decoupled = a["decoupled"]
-  c.rl.shuffle_advantages = bool(a["shuffle"])
+  c.rl.shuffle_advantages = bool(a["shuffle"]) or a["dshuffle"] > 0
+  if a["dshuffle"] > 0:  # the graded control: the decision turn's credit only, on a fraction q of sessions
+    c.rl.shuffle_scope, c.rl.shuffle_fraction = "decision", float(a["dshuffle"])
   # Its defaults: MC targets, until the critic is at the bar or stops improving, up to 800 critic steps
   # (train/vp_stop.py; the study's records so far were fitted with a fixed 160).
   c.value_pretrain.update(enabled=bool(a["vp"]))

@@ -15,6 +15,7 @@ AGGREGATIONS = ("token_mean", "seq_mean_token_mean", "seq_mean_token_sum")
 KL_TYPES = ("k1", "k3")
 KL_MODES = ("loss", "reward")
 AAW_ESTIMATORS = ("grpo", "ms_grpo")
+SHUFFLE_SCOPES = ("all", "decision")  # rl.shuffle_scope: every action token, or the decision turn's only
 PROMPT_ROLES = ("system", "user")
 # Largest learning rates accepted with a pretrained checkpoint (config.hf_dir) while
 # config.lr_guard is on. The byte model's 3e-3 (sft) wrecked SmolLM2-135M in 4 steps
@@ -173,6 +174,10 @@ def base_config() -> ml_collections.ConfigDict:
       # The study's positive control (credit/shuffle.py): each update's advantages permuted among
       # its action tokens, so their values stay and their pairing with the actions is broken.
       shuffle_advantages=False,
+      # Its graded form (issue 41): scope 'decision' touches only the decision turn's (turn 0's) action
+      # tokens, so the format signal on the other turns stays; a fraction shuffle_fraction of the
+      # sessions each take another selected session's decision-turn advantage (scope 'all': 1 only).
+      shuffle_scope="all", shuffle_fraction=1.0,
   ))
 
   # eval/success samples at the rollout temperature; greedy=True adds eval/greedy_*.
@@ -316,6 +321,14 @@ def validate(c: ml_collections.ConfigDict, num_devices: int | None = None) -> No
   _check(c.rl.kl_mode in KL_MODES, "rl.kl_mode", f"{c.rl.kl_mode!r} not in {KL_MODES}")
   _check(isinstance(c.rl.shuffle_advantages, bool), "rl.shuffle_advantages",
          f"must be True or False, got {c.rl.shuffle_advantages!r}")
+  _check(c.rl.shuffle_scope in SHUFFLE_SCOPES, "rl.shuffle_scope", f"{c.rl.shuffle_scope!r} not in {SHUFFLE_SCOPES}")
+  _check(isinstance(c.rl.shuffle_fraction, (int, float)) and 0.0 < c.rl.shuffle_fraction <= 1.0,
+         "rl.shuffle_fraction", f"a fraction of sessions in (0, 1], got {c.rl.shuffle_fraction!r}")
+  _check(c.rl.shuffle_fraction == 1.0 or c.rl.shuffle_scope == "decision", "rl.shuffle_fraction",
+         f"{c.rl.shuffle_fraction} < 1 shuffles a fraction of sessions' decision turns: needs rl.shuffle_scope "
+         f"'decision', got {c.rl.shuffle_scope!r}")
+  _check(c.rl.shuffle_advantages or (c.rl.shuffle_scope == "all" and c.rl.shuffle_fraction == 1.0),
+         "rl.shuffle_scope", "shuffle_scope / shuffle_fraction set but rl.shuffle_advantages is False (no control runs)")
   _check(c.critic.kind in CRITIC_KINDS, "critic.kind", f"{c.critic.kind!r} not in {CRITIC_KINDS}")
   _validate_lora(c)
   _check(0.0 < c.rl.entropy_mask_rho <= 1.0, "rl.entropy_mask_rho", "must be in (0, 1]")

@@ -160,3 +160,33 @@ def test_shuffle_advantages_is_declared_and_validated():
   import ml_collections
   with pytest.raises(ValueError, match="config.rl.shuffle_advantages"):
     validate(ml_collections.ConfigDict(c))
+
+
+@pytest.mark.parametrize("field,value,match", [
+    ("shuffle_scope", "turn0", "config.rl.shuffle_scope"),
+    ("shuffle_fraction", 0.0, "config.rl.shuffle_fraction"),
+    ("shuffle_fraction", 1.5, "config.rl.shuffle_fraction"),
+])
+def test_graded_control_fields_are_declared_and_validated(field, value, match):
+  """rl.shuffle_scope / rl.shuffle_fraction (the graded control) default to the old control ('all', 1.0);
+  validate() names a bad scope, a fraction outside (0, 1], a fraction < 1 without the decision scope, and
+  either set while rl.shuffle_advantages is off (a control that would silently not run).
+  Breaks checked: each check taken out of config.validate fails its case."""
+  from mtrl_jax.config import validate
+  import ml_collections
+  c = base_config()
+  assert (c.rl.shuffle_scope, c.rl.shuffle_fraction) == ("all", 1.0)
+  c.rl.update(shuffle_advantages=True, shuffle_scope="decision", shuffle_fraction=0.25)
+  validate(c)
+  bad = c.to_dict()
+  bad["rl"][field] = value
+  with pytest.raises(ValueError, match=match):
+    validate(ml_collections.ConfigDict(bad))
+  c = base_config()
+  c.rl.update(shuffle_advantages=True, shuffle_fraction=0.5)  # scope 'all' shuffles every token: 1 only
+  with pytest.raises(ValueError, match="config.rl.shuffle_fraction.*shuffle_scope"):
+    validate(c)
+  c = base_config()
+  c.rl.shuffle_scope = "decision"  # without rl.shuffle_advantages nothing would run
+  with pytest.raises(ValueError, match="config.rl.shuffle_scope.*shuffle_advantages is False"):
+    validate(c)

@@ -8,6 +8,7 @@
 The modules, each importing only those above it in this list (no cycle):
 
   plan.py      the experiments, their cells and comparisons, the probe tasks (data only)
+  round3.py    the third round's plan (issue 41), pre-registered: delayed(cue), critic quality, graded controls
   stats.py     paired differences, t intervals, Holm, dz, MDE, the verdict words (numpy, scipy)
   records.py   one small JSON record per finished job (with the code it was made by), and where they live
   versions.py  which code made each record; the refusal to compare records of differing code
@@ -17,6 +18,7 @@ The modules, each importing only those above it in this list (no cycle):
   prose.py     the report's fixed text: what the statistics and the setup are
   report.py    docs/STUDY.md from the records alone
   readme.py    the README's study table from STUDY.md's headline
+  pilot3.py    the third round's pilot runs and their table (docs/STUDY_ROUND3.md)
 
 The critic bar (is a pretrained critic good enough to test a claim that rests on it?) is the
 package's rule, mtrl_jax/train/critic_bar.py, not the study's own.

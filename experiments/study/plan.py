@@ -30,7 +30,9 @@ SEEDS = tuple(range(8))
 # configs/study.py's defaults for the keys a cell may set; a cell's name lists
 # probe, horizon and arm always, the other keys only where they differ.
 DEFAULTS = {"probe": "delayed", "horizon": 8, "arm": "grpo", "lp": -1.0, "lc": -1.0, "eta": 0,
-            "decoupled": True, "vp": True, "context": "session", "shuffle": False}
+            "decoupled": True, "vp": True, "context": "session", "shuffle": False,
+            # The third round's (round3.py): graded control q, the cue probe, seeded draws, a partial critic.
+            "dshuffle": 0.0, "cue": False, "draws": False, "vpr": 0.0}
 ALWAYS = ("probe", "horizon", "arm")
 # Every probe task with the horizon its warm start is measured at (the probe table). bifurcation and
 # memory stay in the table only: common random numbers within a group make their horizon irrelevant to
@@ -56,8 +58,9 @@ def cell_name(args: dict) -> str:
   return _model(",".join(f"{k}={_fmt(full[k])}" for k in keys), full.get("model", "byte"))
 
 
-def warm_name(probe: str, horizon: int, model: str = "byte") -> str:
-  return _model(f"probe={probe},horizon={horizon}", model)
+def warm_name(probe: str, horizon: int, model: str = "byte", cue: bool = False) -> str:
+  """The policy warm start's folder name; `cue` (delayed's sign, round 3) is part of what it learned."""
+  return _model(f"probe={probe},horizon={horizon}" + (",cue=true" if cue else ""), model)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -76,7 +79,7 @@ class Cell:
 
   @property
   def warm(self) -> str:
-    return warm_name(self.full["probe"], self.full["horizon"], self.full.get("model", "byte"))
+    return warm_name(self.full["probe"], self.full["horizon"], self.full.get("model", "byte"), self.full["cue"])
 
 
 @dataclasses.dataclass(frozen=True)
@@ -354,12 +357,14 @@ def experiment(eid: str, model: str = "byte") -> Experiment:
   raise KeyError(f"no experiment {eid!r}; have {[e.id for e in plan(model)]}")
 
 
-def planned_runs(ids=None, seeds=None, probe=None, horizons=None, model="byte") -> dict[str, Cell]:
+def planned_runs(ids=None, seeds=None, probe=None, horizons=None, model="byte",
+                 experiments=None) -> dict[str, Cell]:
   """run folder name -> cell, over the chosen experiments (each shared cell once; by default those not
   cut from this round); each experiment's own seeds unless `seeds` is given; only one probe's cells if
-  `probe` is given, only these horizons' if `horizons` is; `model` smol: the real model's plan."""
+  `probe` is given, only these horizons' if `horizons` is; `model` smol: the real model's plan;
+  `experiments`: another round's (round3.EXPERIMENTS) instead of `plan(model)`."""
   out = {}
-  for e in plan(model):
+  for e in (plan(model) if experiments is None else experiments):
     if (ids and e.id not in ids) or (not ids and e.cut):
       continue
     for c in e.cells:
@@ -379,8 +384,16 @@ CRITIC_SEED = 0
 
 def critic_warm(cell: Cell, seed: int) -> str | None:
   """The critic warm start a run starts from (critic arms with value pretraining on), or None.
-  `seed` is the run's; all seeds share the probe's critic (CRITIC_SEED)."""
+  `seed` is the run's; all seeds share the probe's critic (CRITIC_SEED). A partial critic (`vpr`,
+  value pretraining stopped at that ratio of the oracle's EV) is its own critic warm start."""
   full = cell.full
   if full["arm"] not in CRITIC_ARMS or not full["vp"]:
     return None
-  return f"{cell.warm},critic,seed={CRITIC_SEED}"
+  vpr = f",vpr={_fmt(full['vpr'])}" if full["vpr"] else ""
+  return f"{cell.warm}{vpr},critic,seed={CRITIC_SEED}"
+
+
+def policy_warm(critic_name: str) -> str:
+  """The policy warm start a critic warm start (critic_warm's name) is pretrained from."""
+  head = critic_name.rpartition(",critic,seed=")[0]
+  return ",".join(p for p in head.split(",") if not p.startswith("vpr="))

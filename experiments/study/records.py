@@ -42,11 +42,12 @@ SCHEMA = 1
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 DEFAULT_OUT = os.path.join(REPO, "docs", "study")
 SMOL_RECORDS = os.path.join(REPO, "docs", "study_smol")  # the real model's study: the byte report never reads them
+ROUND3_RECORDS = os.path.join(REPO, "docs", "study3")  # the third round's (round3.py): the round-2 report never reads them
 # The config values a record keeps (dotted paths into config.json).
 CONFIG_KEYS = ("seed", "env.name", "env.kwargs", "rl.estimator", "rl.estimator_kwargs", "rl.steps",
                "rl.tasks_per_update", "rl.group_size", "rl.lr", "rl.layout", "rl.context", "rl.decoupled",
-               "rl.shuffle_advantages", "critic.kind", "value_pretrain.enabled", "eval.tasks", "eval.every",
-               "eval.seed_offset", "sft.steps", "asynchronous.enabled", "asynchronous.eta")
+               "rl.shuffle_advantages", "rl.shuffle_scope", "rl.shuffle_fraction", "critic.kind",
+               "value_pretrain.enabled", "value_pretrain.stop_at_ratio", "eval.tasks", "eval.every", "eval.seed_offset", "sft.steps", "asynchronous.enabled", "asynchronous.eta")
 
 
 # The folders whose content makes a run's numbers: the package and the configs (the study's own code,
@@ -166,15 +167,18 @@ CEILING_TASKS = 256  # the RL cells' eval tasks (configs/study.py): the ceiling 
 
 def ceiling(env_name: str, kwargs: dict, seeds) -> float | None:
   """The probe's ceiling: the share of these tasks the env's expert policy succeeds on (None when the
-  env cannot be built here, e.g. TextArena not installed)."""
+  env cannot be built here, e.g. TextArena not installed). Task j is played as the eval plays it, as
+  session j (train/evaluate.py: group id j, one session a group): an env with per-session draws
+  (delayed, revisit) then draws the eval's own noise, reproducibly (without a session id it draws
+  from the system's entropy: the committed ceilings made before this read a different sample)."""
   from mtrl_jax.envs import registry
   try:
     env = registry.make(env_name, **kwargs)
   except Exception:  # noqa: BLE001 (an optional dependency missing: no ceiling, not a failed record)
     return None
   wins = 0
-  for seed in seeds:
-    env.reset(seed)
+  for j, seed in enumerate(seeds):
+    env.reset(seed, j)
     while True:
       step = env.step(env.expert_action())
       if step.terminated or step.truncated:

@@ -31,6 +31,12 @@ estimate: plan.py's SMOL_HORIZONS). Its runs, warm starts, critic warm starts an
 
   python -m experiments.study --model smol --root /tmp/smol_study --parallel 8 [--hf_dir DIR]
   python -m experiments.study --model smol --root /tmp/s --runlocal --hf_dir CUT  # CPU smoke size
+
+The third round (issue 41; round3.py, pre-registered): `--round 3` runs its plan the same way (policy warm
+starts of delayed(cue) per horizon, a full and a partial critic warm start each, then the runs), with
+records in docs/study3/ by default:
+
+  python -m experiments.study --round 3 --root /tmp/study3 --dry_run     # its jobs, listed
 """
 from __future__ import annotations
 
@@ -42,8 +48,9 @@ import sys
 import time
 
 from experiments.study import records
+from experiments.study import round3
 from experiments.study.plan import (CONFIG, LAB_HORIZON, LAB_PROBES, PROBES, Cell, critic_warm, experiment,
-                                    plan, planned_runs, warm_name)
+                                    plan, planned_runs, policy_warm, warm_name)
 from experiments.sweep import REPO, command, is_done, run_jobs
 from mtrl_jax.compile import cache as compile_cache
 from mtrl_jax.metrics import read_metrics
@@ -56,10 +63,10 @@ def warm_command(python: str, root: str, warm: str) -> tuple[list[str], str]:
 
 def critic_command(python: str, root: str, name: str) -> tuple[list[str], str]:
   """Value pretraining of one probe's critic at one seed, from the probe's policy warm start."""
-  warm, _, seed = name.rpartition(",critic,seed=")
+  head, _, seed = name.rpartition(",critic,seed=")  # head: the policy warm start's name (and vpr=, if partial)
   workdir = os.path.join(root, "warm", name)
-  return command(python, f"{CONFIG}:{warm},stage=critic,seed={seed}", workdir,
-                 [f"--config.init_from={os.path.join(root, 'warm', warm)}"]), workdir
+  return command(python, f"{CONFIG}:{head},stage=critic,seed={seed}", workdir,
+                 [f"--config.init_from={os.path.join(root, 'warm', policy_warm(name))}"]), workdir
 
 
 def run_command(python: str, root: str, name: str, cell: Cell, extra: list[str]) -> tuple[list[str], str]:
@@ -129,6 +136,9 @@ def main(argv=None) -> int:
   p.add_argument("--records", default=None,
                  help="where each finished run, warm start and critic warm start writes its record "
                       "(default docs/study, what the report reads; docs/study_smol with --model smol; '' = none)")
+  p.add_argument("--round", type=int, choices=(2, 3), default=2,
+                 help="3: the third round's plan (round3.py: delayed(cue) at H 2, 8, 32, critic quality, graded "
+                      "controls); its records go to docs/study3/ by default")
   p.add_argument("--model", choices=("byte", "smol"), default="byte",
                  help="smol: the real model's plan (SMOL_EXPERIMENTS, configs/study.py:model=smol)")
   p.add_argument("--hf_dir", default="", help="--model smol: the SmolLM2 folder (default configs/smol.py's)")
@@ -143,21 +153,25 @@ def main(argv=None) -> int:
     p.error(f"--hf_dir {a.hf_dir!r}: only with --model smol, and without a comma (it rides in the config's args)")
   if a.model == "smol" and a.lab:
     p.error("--lab runs on the byte model's warm starts; drop it with --model smol")
+  if a.round == 3 and (a.model != "byte" or a.lab):
+    p.error("--round 3 is planned on the byte model without the lab: drop --model smol / --lab")
   if a.records is None:
-    a.records = records.SMOL_RECORDS if a.model == "smol" else records.DEFAULT_OUT
+    a.records = (records.SMOL_RECORDS if a.model == "smol" else
+                 records.ROUND3_RECORDS if a.round == 3 else records.DEFAULT_OUT)
+  exps = round3.EXPERIMENTS if a.round == 3 else plan(a.model)
   ids = [x for x in a.only.split(",") if x]
   for eid in ids:
-    experiment(eid, a.model)
+    round3.experiment(eid) if a.round == 3 else experiment(eid, a.model)
   root = os.path.abspath(a.root)
   try:
     horizons = tuple(int(h) for h in a.horizons.split(",") if h)
   except ValueError:
     p.error(f"--horizons {a.horizons!r}: comma-separated integers")
   runs = planned_runs(ids, None if a.seeds is None else tuple(range(a.seeds)), a.probe or None, horizons or None,
-                      model=a.model)
+                      model=a.model, experiments=exps)
   if a.arms:
     keep = set(a.arms.split(","))
-    arms = {c.full["arm"] for e in plan(a.model) for c in e.cells}
+    arms = {c.full["arm"] for e in exps for c in e.cells}
     if bad := keep - arms:
       p.error(f"--arms: no cell has {sorted(bad)}; the cells' arms: {sorted(arms)}")
     runs = {n: c for n, c in runs.items() if c.full["arm"] in keep}

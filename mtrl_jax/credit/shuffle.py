@@ -1,10 +1,17 @@
-"""Advantages shuffled within the batch: the study's positive control (a learner that must not learn).
+"""Advantages shuffled within the batch: the study's positive controls (all tokens, or the decision turn's).
 
 The shuffled estimator keeps the batch's advantages as a multiset (same mean,
 spread and scale, so the same step sizes) and breaks their pairing with the
 tokens they were computed for. An experiment whose real estimator does not
 beat its shuffled twin cannot detect a credit difference at all: it is
 underpowered, whatever its other comparisons say.
+
+Shuffling every token also breaks the credit of the reply format (the study's
+format penalty), so that control compares learning with no learning. The
+graded one (`shuffle_decision_advantages`, issue 41) touches only the decision
+turn and only a fraction of the sessions: the weakening is known (a fraction q
+of the choices credited with another session's advantage), and running several
+q measures the smallest credit loss the design can see.
 """
 import jax
 import jax.numpy as jnp
@@ -24,3 +31,36 @@ def shuffle_advantages(adv_bt: jax.Array, mask_bt: jax.Array, key: jax.Array) ->
   dst = jnp.argsort(jnp.where(m_n, jnp.arange(n) / n, 2.0))  # masked first, index order
   out = jnp.zeros_like(a_n).at[dst].set(a_n[src])  # the unmasked tails map onto each other
   return out.reshape(adv_bt.shape)
+
+
+def shuffle_decision_advantages(adv_bt: jax.Array, mask_bt: jax.Array, turn_idx_bt: jax.Array, key: jax.Array,
+                                fraction=1.0, decision_turn: int = 0) -> jax.Array:
+  """The graded control: a fraction of the rows' decision-turn credit handed to other rows; all else kept.
+
+  A row's decision tokens are its action tokens (mask > 0) of turn `decision_turn`; its decision
+  advantage d is their mean (every token's, for estimators constant over a turn). Exactly
+  round(fraction x n) of the n rows with decision tokens are drawn uniformly (a session is one row
+  in both layouts: the session row, or the turn row that trains turn 0); the drawn rows, taken in a
+  random order, each get the next one's d (a random cycle: with 2 or more drawn, no row keeps its
+  own), written on all their decision tokens. So the multiset of the rows' d is kept (the step
+  sizes stay), every token off the decision turn, every undrawn row and the padding keep their
+  values, and the choice's credit is another session's on a fraction of the sessions. One drawn row
+  (fraction x n rounding to 1) keeps its own. Pure jnp, static shapes; `fraction` may be traced.
+  """
+  if not adv_bt.shape == mask_bt.shape == turn_idx_bt.shape:
+    raise ValueError(f"advantages {adv_bt.shape}, mask {mask_bt.shape} and turn ids {turn_idx_bt.shape} "
+                     "differ in shape")
+  if isinstance(fraction, (int, float)) and not 0.0 < fraction <= 1.0:
+    raise ValueError(f"fraction={fraction}: the share of sessions shuffled must be in (0, 1]")
+  dec_bt = (mask_bt > 0) & (turn_idx_bt == decision_turn)
+  n_dec_b = dec_bt.sum(axis=1)
+  has_b = n_dec_b > 0
+  d_b = jnp.where(dec_bt, adv_bt, 0.0).sum(axis=1) / jnp.maximum(n_dec_b, 1)
+  b = adv_bt.shape[0]
+  order = jnp.argsort(jnp.where(has_b, jax.random.uniform(key, (b,)), 2.0))  # rows with d first, random order
+  rank_b = jnp.zeros((b,), jnp.int32).at[order].set(jnp.arange(b, dtype=jnp.int32))
+  k = jnp.floor(fraction * has_b.sum() + 0.5).astype(jnp.int32)  # round half up: 0.5 x 2 rows -> 1
+  drawn_b = has_b & (rank_b < k)
+  donor_b = order[(rank_b + 1) % jnp.maximum(k, 1)]  # the next drawn row in the random order
+  new_d_b = jnp.where(drawn_b, d_b[donor_b], d_b)
+  return jnp.where(dec_bt & drawn_b[:, None], new_d_b[:, None].astype(adv_bt.dtype), adv_bt)

@@ -22,7 +22,7 @@ from mtrl_jax.credit import registry as credit_registry
 from mtrl_jax.credit.aaw import aaw_sample
 from mtrl_jax.credit.batch import CreditBatch
 from mtrl_jax.credit.regularizers import kl_reward_penalty
-from mtrl_jax.credit.shuffle import shuffle_advantages
+from mtrl_jax.credit.shuffle import shuffle_advantages, shuffle_decision_advantages
 from mtrl_jax.credit.step_groups import step_group_stats
 from mtrl_jax.rollout.packing import PackedBatch
 
@@ -55,6 +55,8 @@ class CreditSetup:
   kl_coef: float  # > 0 with kl_mode 'reward': the KL penalty enters the reward
   kl_type: str
   shuffle: bool  # rl.shuffle_advantages
+  shuffle_scope: str = "all"  # rl.shuffle_scope: every action token, or the decision turn's (turn 0)
+  shuffle_fraction: float = 1.0  # rl.shuffle_fraction: with scope 'decision', the share of sessions
   max_turns: Optional[int] = None  # the step-group estimators' option, for their statistics
   estimator: str = ""
   adv_fn: Callable = None
@@ -66,7 +68,8 @@ class CreditSetup:
   def from_config(cls, c) -> "CreditSetup":
     rl = c.rl
     setup = cls(seed=int(c.seed), kl_coef=float(rl.kl_coef) if rl.kl_mode == "reward" else 0.0,
-                kl_type=rl.kl_type, shuffle=bool(rl.shuffle_advantages))
+                kl_type=rl.kl_type, shuffle=bool(rl.shuffle_advantages), shuffle_scope=rl.shuffle_scope,
+                shuffle_fraction=float(rl.shuffle_fraction))
     setup.use(rl.estimator, dict(rl.estimator_kwargs))
     return setup
 
@@ -102,7 +105,9 @@ def credit(setup: CreditSetup, pb: PackedBatch, values_bt=None, logp_bt=None, re
   With kl_mode 'reward' and reference log-probs, the KL penalty is taken from the reward first.
   `progress(pb) -> (shares_bt, fit loss)`: the progress head's per-turn shares (rl.estimator
   'progress'). With rl.shuffle_advantages the advantages are permuted among the action tokens
-  by a key of (seed, policy version): the same values, their pairing with the actions broken.
+  by a key of (seed, policy version): the same values, their pairing with the actions broken; with
+  rl.shuffle_scope 'decision', only turn 0's credit, on rl.shuffle_fraction of the sessions (the
+  graded control, credit/shuffle.py).
   `readout`: also the Monte-Carlo targets of the unpenalised rewards (train/critic_readout.py's).
   """
   reward = jnp.asarray(pb.reward_bt)
@@ -113,10 +118,17 @@ def credit(setup: CreditSetup, pb: PackedBatch, values_bt=None, logp_bt=None, re
   batch = credit_batch(pb, values_bt)._replace(reward_bt=reward, **fields)
   adv, target = setup.adv_fn(batch)
   if setup.shuffle:  # the study's positive control: same advantages, pairing broken
-    adv = shuffle_advantages(adv, batch.loss_mask_bt, jax.random.fold_in(jax.random.key(setup.seed + 31), version))
+    key = jax.random.fold_in(jax.random.key(setup.seed + 31), version)
+    if setup.shuffle_scope == "decision":
+      adv = _decision_shuffle(adv, batch.loss_mask_bt, batch.turn_idx_bt, key, setup.shuffle_fraction)
+    else:
+      adv = shuffle_advantages(adv, batch.loss_mask_bt, key)
   if target is None:
     target = setup.mc_fn(batch)
   return Credit(adv, target, stats, setup.mc_fn(credit_batch(pb)) if readout else None)
+
+
+_decision_shuffle = jax.jit(shuffle_decision_advantages, static_argnames=("decision_turn",))
 
 
 def turn_fields(setup: CreditSetup, pb: PackedBatch, progress: Optional[Callable] = None) -> tuple[dict, dict]:

@@ -47,6 +47,7 @@ RUNS = {
     "experiments/study/readme.py": (["--check"], False),
     # issue 43's table from its committed records (the runs themselves: tests/train/test_critic_probe_slow.py)
     "experiments/critic_probe.py": (["--out", "docs/critic_probe", "--report"], False),
+    "experiments/study/pilot3.py": (["--out", "{w}", "--table"], False),  # the table of an empty pilot folder
     "benchmarks/rollout.py": (["--tasks", "2", "--group", "2", "--rows", "2", "--reps", "1", "--dim", "32",
                                "--layers", "1", "--max_turns", "2", "--budget", "16", "--latency_ms", "1",
                                "--prompt_chars", "40"], True),

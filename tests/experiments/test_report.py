@@ -226,6 +226,19 @@ def test_ceiling_is_the_expert_policy_success():
   assert top == pytest.approx(242 / 256)
 
 
+def test_ceiling_of_a_per_session_probe_is_reproducible_and_the_evals_own():
+  """delayed(cue) h2 draws its payoff per session: the ceiling plays task j as session j (the eval's
+  numbering), so it is the same on every call and equals issue 43's ceiling of the same eval tasks
+  (docs/critic_probe/records/warm,h=2.json: 0.94921875, played by experiments/critic_probe.py).
+  Break checked: env.reset(seed) without the session id (each call draws from the system's entropy)
+  fails both (4 calls read 237-248 of 256)."""
+  from configs.study import get_config
+  c = get_config("probe=delayed,horizon=2,cue=true,draws=true,seed=0")
+  seeds = range(c.eval.seed_offset, c.eval.seed_offset + 256)
+  tops = {records.ceiling(c.env.name, dict(c.env.kwargs), seeds) for _ in range(3)}
+  assert tops == {0.94921875}
+
+
 def test_ceilings_command_writes_a_record_per_probe_and_prints_them(tmp_path, monkeypatch, capsys):
   """`python -m experiments.study.records --ceilings` in process on two cheap probes (the script run itself, every probe with
   sokoban's room generation most of its ~20 CPU seconds, is slow tier: tests/benchmarks/test_scripts_run.py).

@@ -1,0 +1,129 @@
+"""The study's third round (experiments/study/round3.py): its plan as data, the runner's listing of its
+jobs, and configs/study.py's arguments its cells use (cue, draws, vpr, dshuffle).
+
+Each test names the break it was checked against (edits made in a scratch copy and reverted).
+"""
+import contextlib
+import io
+import json
+import re
+
+import pytest
+
+from configs.study import get_config
+from experiments.study import plan, round3
+from experiments.study.runner import main
+from mtrl_jax.config import validate
+
+
+def _dry_run(tmp_path, *extra) -> tuple[list[list[str]], dict]:
+  out = io.StringIO()
+  with contextlib.redirect_stdout(out):
+    assert main(["--round", "3", "--root", str(tmp_path), "--dry_run", *extra]) == 0
+  lines = out.getvalue().splitlines()
+  return [ln.split() for ln in lines if not ln.startswith(("#", "{"))], json.loads(lines[-1])
+
+
+def _arg(cmd: list[str], flag: str) -> str:
+  return next(x.split("=", 1)[1] for x in cmd if x.startswith(flag + "="))
+
+
+def test_the_runner_lists_round_3s_jobs_with_the_right_warm_starts(tmp_path):
+  """`--round 3 --dry_run`: 3 policy warm starts (delayed with the cue), a full and a partial critic
+  per horizon, 68 cells x 8 seeds; every run's config builds and validates; a partial-critic run starts
+  from the partial critic, a vp=off run from the policy warm start, a full-critic run from the full
+  critic, a critic warm start from the policy warm start (never from a folder named with vpr=).
+
+  Breaks checked: Cell.warm without the cue (warm starts named without cue=true: the critic-free runs
+  would start from round 2's cue-less warm start) fails the warm names; critic_warm without vpr (the
+  partial runs start from the full critic) fails the partial check; critic_command's init_from taken
+  from the critic name's head (a folder `...,vpr=0.45` that is never built) fails the critic check;
+  the runner ignoring --round (round 2's plan listed) fails the counts."""
+  cmds, summary = _dry_run(tmp_path)
+  assert summary == {"dry_run": True, "warm_starts": 3, "critic_warm_starts": 6, "runs": 544}
+  warm = {_arg(c, "--workdir").rsplit("/", 1)[1] for c in cmds if _arg(c, "--config").endswith("stage=warm")}
+  assert warm == {f"probe=delayed,horizon={h},cue=true" for h in (2, 8, 32)}
+  critics = [c for c in cmds if "stage=critic" in _arg(c, "--config")]
+  assert len(critics) == 6
+  for c in critics:
+    assert _arg(c, "--config.init_from").rsplit("/", 1)[1] in warm
+  runs = [c for c in cmds if "stage=" not in _arg(c, "--config")]
+  assert len(runs) == 544
+  seen = set()
+  for c in runs:
+    args = _arg(c, "--config").split(":", 1)[1]
+    init = _arg(c, "--config.init_from").rsplit("/", 1)[1]
+    if "vpr=0.45" in args:
+      assert init.endswith(",vpr=0.45,critic,seed=0"), (args, init)
+      seen.add("partial")
+    elif "vp=false" in args or "gae" not in args:
+      assert init in warm, (args, init)
+    else:
+      assert init.endswith(",cue=true,critic,seed=0") and "vpr" not in init, (args, init)
+      seen.add("full")
+  assert seen == {"partial", "full"}
+  for name in sorted({_arg(c, "--config").split(":", 1)[1].rsplit(",seed=", 1)[0] for c in runs}):
+    validate(get_config(name + ",seed=3"))  # every cell's config builds and validates
+
+
+def test_every_label_the_plan_compares_is_a_cell_and_the_design_is_complete():
+  """The comparisons, factors, graded controls and the pre-registered interaction name cells of their
+  experiment; E1 crosses three lambdas with three critic states at H 2, 8, 32 (plus ms_grpo); every
+  horizon an experiment runs has q = 1, 0.5, 0.25 on each reference arm it uses; the interaction is its
+  own family, not among the claims; E6 is cut with its reason; E2 and E5 have their cells.
+
+  Breaks checked: a comparison label with a typo ('gae_lambda095') fails the label check; GRADED_Q
+  cut to (1.0,) fails the q check; the interaction's tests appended to E1's comparisons (one Holm family
+  with the claims) fails 'pairs only'."""
+  for e in round3.EXPERIMENTS:
+    labels = {c.label for c in e.cells}
+    assert len(labels) == len(e.cells), e.id
+    for pair in (*e.comparisons, *(f[:2] for f in e.factors), *(g[:2] for g in e.graded), *e.controls):
+      assert set(pair) <= labels, (e.id, pair)
+    for _, tests in e.interactions:
+      for t in tests:
+        assert set(t) <= labels and len(t) == 4, (e.id, t)
+    assert all(len(p) == 2 for p in e.comparisons), e.id  # the claims' family holds pairs only
+    horizons = {c.full["horizon"] for c in e.cells}
+    refs = {r for r, _, _ in e.graded}
+    for h in horizons:
+      for ref in (r for r in refs if r.endswith(f" h{h}")):
+        assert sorted(q for r, _, q in e.graded if r == ref) == [0.25, 0.5, 1.0], (e.id, ref)
+  e1 = round3.experiment("E1")
+  states = {(c.full["arm"], round3.critic_state(c), c.full["horizon"]) for c in e1.cells if not c.full["dshuffle"]}
+  assert {(a, s, h) for a in round3.LAMBDA_ARMS for s in ("none", "partial", "full") for h in (2, 8, 32)} <= states
+  assert {("ms_grpo", "-", h) for h in (2, 8, 32)} <= states
+  (family, tests), = e1.interactions
+  assert family == round3.INTERACTION_FAMILY and len(tests) == 2
+  assert all(t[0].startswith("gae_lambda1 partial") and t[1].startswith("gae_lambda0.95 partial") for t in tests)
+  assert round3.experiment("E6").cut.startswith("not tested") and not round3.experiment("E6").cells
+  assert len(round3.experiment("E2").comparisons) == 4 and len(round3.experiment("E5").comparisons) == 4
+  assert not any(e.cut for e in round3.EXPERIMENTS if e.id != "E6")
+
+
+def test_round_3_cells_set_the_probe_the_critic_and_the_control_they_name():
+  """A cell's arguments reach the config: cue and draws (draw_seed = seed, but 0 in the warm start),
+  vpr (value_pretrain.stop_at_ratio), dshuffle (rl.shuffle_advantages with the decision scope and the
+  fraction), vp=false; round 2's cell names do not change (the new keys are at their defaults there).
+
+  Breaks checked: draws applied to the warm stage too (demos on the seed's draws) fails the warm
+  check; dshuffle setting the fraction but not the scope fails validate (fraction < 1 with scope
+  'all'); vpr dropped fails the stop_at_ratio check."""
+  e1 = round3.experiment("E1")
+  c = get_config(e1.cell("gae_lambda0.95 partial h8").name + ",seed=5")
+  assert c.env.kwargs.cue is True and c.env.kwargs.draw_seed == 5 and c.value_pretrain.stop_at_ratio == 0.45
+  assert c.value_pretrain.enabled and c.rl.shuffle_advantages is False
+  c = get_config(e1.cell("gae_lambda0.95 none h2").name + ",seed=1")
+  assert c.value_pretrain.enabled is False and c.value_pretrain.stop_at_ratio == 0.0
+  c = get_config(e1.cell("ms_grpo control q=0.25 h32").name + ",seed=2")
+  validate(c)
+  assert (c.rl.shuffle_advantages, c.rl.shuffle_scope, c.rl.shuffle_fraction) == (True, "decision", 0.25)
+  w = get_config("probe=delayed,horizon=8,cue=true,draws=true,stage=warm,seed=4")
+  assert w.env.kwargs.cue is True and w.env.kwargs.get("draw_seed", 0) == 0
+  old = plan.experiment("E1").cell("ms_grpo shuffled h8")
+  assert old.name == "probe=delayed,horizon=8,arm=ms_grpo,shuffle=true" and old.warm == "probe=delayed,horizon=8"
+  for bad, match in (("probe=revisit,cue=true", "cue=true"), ("probe=memory,draws=true", "draws=true"),
+                     ("dshuffle=1.5", "dshuffle=1.5"), ("dshuffle=0.5,shuffle=true", "choose one control"),
+                     ("vpr=2.0", "vpr=2.0")):
+    with pytest.raises(ValueError, match=re.escape(match)):
+      get_config(bad)
