@@ -16,7 +16,8 @@ from mtrl_jax.train.run import Run
 # wall in all: the warm start (1000 demos, 600 SFT steps) ~4 min, value pretraining 638 s on the
 # stage's clock (23 rounds, 184 critic steps, stopped at the bar) and its final readout (256 tasks)
 # ~2 min; the critic handed to RL: EV 0.332 = 0.97 [0.96, 0.98] of the oracle's 0.343.
-TIMING = "1009 s (load 17-25 on 2 cores)"
+# Again at 31f68a4+ (2026-11-28, load 2-4: one other training process on the 2 cores): 380 s.
+TIMING = "1009 s (load 17-25 on 2 cores); 380 s (load 2-4)"
 
 
 def _cell(stage: str, seed: int = 0):
@@ -34,8 +35,8 @@ def test_default_value_pretraining_reaches_the_bar_on_the_cued_probe(tmp_path):
 
   What it would catch: a stage that stops inside the flat stretch before the rise (issue 43's
   failure: EV ~0 for ~16 rounds on this probe, docs/critic.md's pilot), a cap below what the
-  probe needs, or a readout that cannot judge the bar. Not break-checked here (a run costs ~17 min
-  on the shared CPU); the rule's breaks are checked on synthetic sequences in test_vp_stop.py."""
+  probe needs, or a readout that cannot judge the bar. Not break-checked here (a run costs 6-17 min
+  on the 2-core CPU); the rule's breaks are checked on synthetic sequences in test_vp_stop.py."""
   t0 = time.time()
   warm = str(tmp_path / "warm")
   Run(_cell("warm"), warm).run()
