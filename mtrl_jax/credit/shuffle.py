@@ -13,17 +13,19 @@ turn and only a fraction of the sessions: the weakening is known (a fraction q
 of the choices credited with another session's advantage), and running several
 q measures the smallest credit loss the design can see.
 
-It is format-neutral by drawing only among *eligible* sessions: those whose
-decision-turn reply was valid (the caller passes `eligible_b`; for the
-trainer, `valid_decision_rows` of the packed batch's per-token invalid
-flags). An invalid decision reply's format penalty is part of that turn's
-credit; if it were handed to a session whose reply was fine (and the fine
-reply's credit to the malformed one), the control would weaken the format
-signal too, and the pilot saw runs lose the reply format under it
-(docs/STUDY_ROUND3.md). Sessions with an invalid decision reply keep their
-credit exactly. So q is a fraction of the *eligible* sessions: each update
-draws exactly round(q x n_eligible) of them, and the weakening is "a share
-q of the valid choices credited with another valid choice's advantage".
+It keeps the decision turn's format credit out of the shuffle by drawing
+only among *eligible* sessions: those whose decision-turn reply was valid
+(the caller passes `eligible_b`; for the trainer, `valid_decision_rows` of
+the packed batch's per-token invalid flags). An invalid decision reply's
+format penalty is part of that turn's credit; handed to a session whose
+reply was fine (and the fine reply's credit to the malformed one), it would
+weaken the format signal as well as the choice's. Sessions with an invalid
+decision reply keep their credit exactly. So q is a fraction of the
+*eligible* sessions: each update draws exactly round(q x n_eligible) of
+them, and the weakening is "a share q of the valid choices credited with
+another valid choice's advantage". Whether that keeps the reply format in
+training is a measurement, not a property of this code: see
+docs/STUDY_ROUND3.md.
 
 Why eligibility and not "shuffle the credit computed without the penalty,
 then add the penalty's credit back": that split is exact only for
