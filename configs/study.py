@@ -26,8 +26,9 @@ Args:
   vp       value pretraining on/off for critic arms (E3)
   shuffle  the arm's advantages permuted over the batch's action tokens each update (the positive
            control: the same advantages with their pairing broken, rl.shuffle_advantages; scope all)
-  dshuffle q in (0, 1]: the graded positive control (issue 41): a fraction q of the sessions get
-           another such session's decision-turn (turn-0) advantage, every other token keeps its own
+  dshuffle q in (0, 1]: the graded positive control (issue 41): a fraction q of the sessions whose
+           turn-0 reply was valid get another such session's decision-turn (turn-0) advantage; the
+           sessions with an invalid turn-0 reply and every other token keep their own
            (rl.shuffle_advantages with shuffle_scope 'decision', shuffle_fraction q); 0 = off
   cue      delayed: turn 0 shows a sign naming the arm that pays, different across tasks (issue 43:
            the decision is learned from the observation, not inherited from the warm start)

@@ -176,7 +176,8 @@ def base_config() -> ml_collections.ConfigDict:
       shuffle_advantages=False,
       # Its graded form (issue 41): scope 'decision' touches only the decision turn's (turn 0's) action
       # tokens, so the format signal on the other turns stays; a fraction shuffle_fraction of the
-      # sessions each take another selected session's decision-turn advantage (scope 'all': 1 only).
+      # sessions whose decision reply was valid each take another drawn session's decision-turn
+      # advantage, and a session with an invalid decision reply keeps its own (scope 'all': 1 only).
       shuffle_scope="all", shuffle_fraction=1.0,
   ))
 

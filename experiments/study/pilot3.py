@@ -6,6 +6,7 @@ its horizon plus a critic at the bar, which the GAE arms take); the graded contr
 
   python -m experiments.study.pilot3 --out OUT --init 2:0=DIR --init 2:1=DIR ...  # runs what is missing
   python -m experiments.study.pilot3 --out OUT --table                            # the table from OUT
+  python -m experiments.study.pilot3 --out OUT --init 2:2=DIR --only h2_s2_gae_q1  # named runs only
 
 `--init H:SEED=DIR`: the critic warm start (critic_probe's `critic,h=H,seed=SEED` folder) of that
 horizon and seed. Each run is a subprocess (`python -m mtrl_jax.main`), its wall and CPU seconds kept
@@ -41,10 +42,14 @@ def command(name: str, h: int, seed: int, args: str, extra: tuple, out: str, ini
           f"--config.init_from={init}", *extra]
 
 
-def run(out: str, inits: dict) -> None:
+def run(out: str, inits: dict, only: tuple = ()) -> None:
+  """Runs the pilot's runs that have a warm start in `inits` (and are named in `only`, if given)."""
+  unknown = sorted(set(only) - {r[0] for r in RUNS})
+  if unknown:
+    raise ValueError(f"--only {unknown}: not pilot runs; the runs are {[r[0] for r in RUNS]}")
   for name, h, seed, args, extra in RUNS:
     wd = os.path.join(out, name)
-    if os.path.exists(os.path.join(wd, "done")) or (h, seed) not in inits:
+    if os.path.exists(os.path.join(wd, "done")) or (h, seed) not in inits or (only and name not in only):
       continue
     cmd = command(name, h, seed, args, extra, out, inits[(h, seed)])
     print(" ".join(cmd), flush=True)
@@ -86,6 +91,7 @@ def main(argv=None) -> int:
   p.add_argument("--out", required=True)
   p.add_argument("--init", action="append", default=[], help="H:SEED=DIR, the critic warm start of that cell")
   p.add_argument("--table", action="store_true")
+  p.add_argument("--only", action="append", default=[], help="a run's name: run only the runs named (repeatable)")
   a = p.parse_args(argv)
   if a.table:
     print(table(a.out))
@@ -96,7 +102,7 @@ def main(argv=None) -> int:
     key, _, path = spec.partition("=")
     h, _, s = key.partition(":")
     inits[(int(h), int(s))] = path
-  run(a.out, inits)
+  run(a.out, inits, tuple(a.only))
   print(table(a.out))
   print(json.dumps(_summary(a.out)))
   return 0

@@ -25,7 +25,11 @@ Ids for the credit library (`group_id_b`, `tree_id_b`, `episode_id_b`) are
 remapped to dense ranks in [0, B); padding rows each get fresh ids of their
 own and all-zero masks. The env's anchor state keys (`Turn.info["state_key"]`)
 become `state_id_bt`: one id per distinct key in the batch (the same key,
-the same id; -1 where the env gave none), on every token of the turn.
+the same id; -1 where the env gave none), on every token of the turn. A
+turn's `invalid_action` (the env called its reply malformed or illegal)
+becomes `invalid_bt`, True on every token of that turn, so the credit step
+can tell which turns' replies were valid (the graded control draws only
+sessions whose decision reply was).
 """
 from __future__ import annotations
 
@@ -45,7 +49,8 @@ class PackedBatch(NamedTuple):
   Per-token fields are described in the module docstring (target-aligned
   except `tokens_bt` and `positions_bt`); `turn_reward_bt` holds each turn's
   `info["turn_reward"]` where `reward_bt` holds its reward, `state_id_bt` the
-  id of its anchor state key. Per-sample fields:
+  id of its anchor state key, `invalid_bt` (bool) whether its turn's reply was
+  invalid (`Turn.invalid_action`; False on padding). Per-sample fields:
     group_id_b / tree_id_b / episode_id_b: int32 dense ids in [0, B).
     return_b: f32 the session's return; success_b: f32 0/1.
     num_turns_b: int32 turns in the session.
@@ -74,6 +79,7 @@ class PackedBatch(NamedTuple):
   length_b: np.ndarray
   state_id_bt: np.ndarray | None = None
   turn_reward_bt: np.ndarray | None = None
+  invalid_bt: np.ndarray | None = None  # pack_sessions always fills it; None only in hand-built batches
 
   @property
   def shape(self) -> tuple[int, int]:
@@ -92,6 +98,7 @@ class _Sample(NamedTuple):
   turn_idx: np.ndarray
   state_id: np.ndarray
   turn_reward: np.ndarray
+  invalid: np.ndarray  # bool: the token's turn's reply was invalid
 
 
 def bucket_length(n: int, length_buckets: Sequence[int] | None = None, min_length: int = 16) -> int:
@@ -114,16 +121,23 @@ def _flat_state_ids(s: Session, key_ids: dict) -> np.ndarray:
   return np.concatenate(parts) if parts else np.zeros((0,), np.int32)
 
 
+def _flat_invalid(s: Session) -> np.ndarray:
+  """bool [L]: each token's turn's `invalid_action`."""
+  parts = [np.full(t.num_tokens, bool(t.invalid_action)) for t in s.turns]
+  return np.concatenate(parts) if parts else np.zeros((0,), bool)
+
+
 def _session_sample(i: int, s: Session, key_ids: dict) -> _Sample:
   return _Sample(i, -1, s.flat_tokens(), s.loss_mask(), s.flat_logp(), s.flat_version(),
-                 s.flat_reward(), s.flat_turn_idx(), _flat_state_ids(s, key_ids), s.flat_turn_reward())
+                 s.flat_reward(), s.flat_turn_idx(), _flat_state_ids(s, key_ids), s.flat_turn_reward(),
+                 _flat_invalid(s))
 
 
 def _turn_samples(i: int, s: Session, context: str, tokenizer, key_ids: dict) -> list[_Sample]:
   out = []
   tokens, mask, logp = s.flat_tokens(), s.loss_mask(), s.flat_logp()
   version, reward, turn_idx = s.flat_version(), s.flat_reward(), s.flat_turn_idx()
-  state_id, turn_reward = _flat_state_ids(s, key_ids), s.flat_turn_reward()
+  state_id, turn_reward, invalid = _flat_state_ids(s, key_ids), s.flat_turn_reward(), _flat_invalid(s)
   start = 0
   for k, t in enumerate(s.turns):
     end = start + t.num_tokens
@@ -133,7 +147,8 @@ def _turn_samples(i: int, s: Session, context: str, tokenizer, key_ids: dict) ->
                          np.where(keep, logp[:end], 0.0).astype(np.float32),
                          np.where(keep, version[:end], -1).astype(np.int32),
                          np.where(keep, reward[:end], 0.0).astype(np.float32), turn_idx[:end],
-                         state_id[:end], np.where(keep, turn_reward[:end], 0.0).astype(np.float32)))
+                         state_id[:end], np.where(keep, turn_reward[:end], 0.0).astype(np.float32),
+                         invalid[:end]))  # like turn_idx, the earlier turns' flags stay on their context
     else:
       obs = t.obs_ids if k == 0 else np.asarray(tokenizer.observation_ids(t.observation, s.prompt), np.int32)
       n_obs, n_act = len(obs), len(t.action_ids)
@@ -150,7 +165,8 @@ def _turn_samples(i: int, s: Session, context: str, tokenizer, key_ids: dict) ->
           np.concatenate([np.zeros(n_obs, np.float32), act_reward]),
           np.full(n_obs + n_act, k, np.int32),
           np.full(n_obs + n_act, state_id[start] if t.num_tokens else -1, np.int32),
-          np.concatenate([np.zeros(n_obs, np.float32), act_turn_reward])))
+          np.concatenate([np.zeros(n_obs, np.float32), act_turn_reward]),
+          np.full(n_obs + n_act, bool(t.invalid_action))))
     start = end
   return out
 
@@ -212,6 +228,7 @@ def pack_sessions(sessions: Sequence[Session], *, layout: str = "session", conte
   turn_idx = np.zeros((b, t), np.int32)
   state_id = np.full((b, t), -1, np.int32)
   turn_reward = np.zeros((b, t), np.float32)
+  invalid = np.zeros((b, t), bool)
   positions = np.broadcast_to(np.arange(t, dtype=np.int32), (b, t)).copy()
   for r, x in enumerate(samples):
     n = len(x.tokens)
@@ -225,6 +242,7 @@ def pack_sessions(sessions: Sequence[Session], *, layout: str = "session", conte
     turn_idx[r, :n - 1] = x.turn_idx[1:]
     state_id[r, :n - 1] = x.state_id[1:]
     turn_reward[r, :n - 1] = x.turn_reward[1:]
+    invalid[r, :n - 1] = x.invalid[1:]
     if x.mask[0]:
       raise ValueError(f"sample {r} (session index {x.session_index}) starts with an action token, "
                        "which has no logits to be scored from")
@@ -254,5 +272,5 @@ def pack_sessions(sessions: Sequence[Session], *, layout: str = "session", conte
       session_index_b=per_sample((x.session_index for x in samples), np.int32, -1),
       sample_turn_b=per_sample((x.turn for x in samples), np.int32, -1),
       length_b=per_sample((len(x.tokens) for x in samples), np.int32, 0),
-      state_id_bt=state_id, turn_reward_bt=turn_reward,
+      state_id_bt=state_id, turn_reward_bt=turn_reward, invalid_bt=invalid,
   )

@@ -22,7 +22,7 @@ from mtrl_jax.credit import registry as credit_registry
 from mtrl_jax.credit.aaw import aaw_sample
 from mtrl_jax.credit.batch import CreditBatch
 from mtrl_jax.credit.regularizers import kl_reward_penalty
-from mtrl_jax.credit.shuffle import shuffle_advantages, shuffle_decision_advantages
+from mtrl_jax.credit.shuffle import shuffle_advantages, shuffle_decision_advantages, valid_decision_rows
 from mtrl_jax.credit.step_groups import step_group_stats
 from mtrl_jax.rollout.packing import PackedBatch
 
@@ -106,8 +106,9 @@ def credit(setup: CreditSetup, pb: PackedBatch, values_bt=None, logp_bt=None, re
   `progress(pb) -> (shares_bt, fit loss)`: the progress head's per-turn shares (rl.estimator
   'progress'). With rl.shuffle_advantages the advantages are permuted among the action tokens
   by a key of (seed, policy version): the same values, their pairing with the actions broken; with
-  rl.shuffle_scope 'decision', only turn 0's credit, on rl.shuffle_fraction of the sessions (the
-  graded control, credit/shuffle.py).
+  rl.shuffle_scope 'decision', only turn 0's credit, on rl.shuffle_fraction of the sessions whose
+  turn-0 reply was valid (`pb.invalid_bt`; the graded control, credit/shuffle.py): a session with an
+  invalid turn-0 reply keeps its credit, format penalty included.
   `readout`: also the Monte-Carlo targets of the unpenalised rewards (train/critic_readout.py's).
   """
   reward = jnp.asarray(pb.reward_bt)
@@ -120,7 +121,13 @@ def credit(setup: CreditSetup, pb: PackedBatch, values_bt=None, logp_bt=None, re
   if setup.shuffle:  # the study's positive control: same advantages, pairing broken
     key = jax.random.fold_in(jax.random.key(setup.seed + 31), version)
     if setup.shuffle_scope == "decision":
-      adv = _decision_shuffle(adv, batch.loss_mask_bt, batch.turn_idx_bt, key, setup.shuffle_fraction)
+      if pb.invalid_bt is None:
+        raise ValueError("rl.shuffle_scope='decision' draws only sessions whose decision reply was valid: the packed "
+                         "batch needs invalid_bt (rollout/packing.pack_sessions fills it)")
+      ok_b = valid_decision_rows(batch.loss_mask_bt, batch.turn_idx_bt, jnp.asarray(pb.invalid_bt))
+      adv = _decision_shuffle(adv, batch.loss_mask_bt, batch.turn_idx_bt, key, setup.shuffle_fraction,
+                              eligible_b=ok_b)
+      stats.update(_eligible_stats(batch.loss_mask_bt, batch.turn_idx_bt, ok_b))
     else:
       adv = shuffle_advantages(adv, batch.loss_mask_bt, key)
   if target is None:
@@ -129,6 +136,13 @@ def credit(setup: CreditSetup, pb: PackedBatch, values_bt=None, logp_bt=None, re
 
 
 _decision_shuffle = jax.jit(shuffle_decision_advantages, static_argnames=("decision_turn",))
+
+
+def _eligible_stats(mask_bt, turn_idx_bt, ok_b) -> dict:
+  """How many sessions (rows training turn 0) the graded control could draw from, of how many."""
+  has_b = np.asarray(((mask_bt > 0) & (turn_idx_bt == 0)).any(axis=1))
+  n_ok = int((has_b & np.asarray(ok_b)).sum())
+  return {"credit/shuffle_eligible": n_ok, "credit/shuffle_eligible_fraction": n_ok / max(int(has_b.sum()), 1)}
 
 
 def turn_fields(setup: CreditSetup, pb: PackedBatch, progress: Optional[Callable] = None) -> tuple[dict, dict]:

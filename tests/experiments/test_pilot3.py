@@ -26,3 +26,21 @@ def test_commands_are_round_3_cells_and_the_table_reads_the_first_and_last_eval(
   (wd / "times.json").write_text(json.dumps({"wall_s": 70.4, "cpu_s": 31.6}))
   row = pilot3.table(str(tmp_path)).splitlines()[-1]
   assert row == f"| {name} | 2 | 0 | 0.500 (0.250) | 0.750 (0.625) at 32 | 0.031 | 70 / 32 |"
+
+
+def test_only_runs_the_named_runs_and_names_an_unknown_one(tmp_path, monkeypatch):
+  """`--only NAME` runs just the named runs among those with a warm start; an unknown name fails before
+  any run, naming itself. Break checked: the `only` filter dropped from the loop runs all 8 of seed 2's."""
+  import pytest
+  ran = []
+  monkeypatch.setattr(pilot3.subprocess, "run", lambda cmd, check: ran.append(cmd[4]) or os_mkdir(cmd))
+  pilot3.run(str(tmp_path), {(2, 2): "INIT"}, ("h2_s2_gae_q1", "h2_s2_ms_grpo_q0.25"))
+  assert [x.rsplit("/", 1)[-1] for x in ran] == ["h2_s2_ms_grpo_q0.25", "h2_s2_gae_q1"]
+  with pytest.raises(ValueError, match="h2_s9_gae"):
+    pilot3.run(str(tmp_path), {(2, 2): "INIT"}, ("h2_s9_gae",))
+
+
+def os_mkdir(cmd):
+  """The run folder a real run would leave (times.json and done are written into it)."""
+  import os
+  os.makedirs(cmd[4].split("=", 1)[1], exist_ok=True)

@@ -174,3 +174,26 @@ def test_state_keys_and_turn_rewards_travel_to_the_batch(sessions, layout_contex
         assert seen.setdefault(key, int(ids[0])) == ids[0] and ids[0] >= 0
   assert len(set(seen.values())) == len(seen)  # different keys, different ids
   assert np.all(batch.state_id_bt[batch.sample_valid_b == 0] == -1)
+
+
+@settings(max_examples=30, deadline=None)
+@given(session_lists_st(), st.sampled_from(LAYOUTS), st.integers(0, 2**31 - 1))
+def test_invalid_replies_travel_to_the_batch_on_their_turns_tokens(sessions, layout_context, seed):
+  """`invalid_bt` is True exactly on the tokens whose turn (`turn_idx_bt`) the env called invalid, in
+  every layout (a history row's earlier turns keep their flags), and False on padding. Breaks
+  checked: the flag dropped in packing (`invalid` left all False) fails; the markov rows flagged
+  with turn 0's `invalid_action` instead of their own turn's fails."""
+  import copy
+  rng = np.random.default_rng(seed)
+  sessions = copy.deepcopy(sessions)
+  for s in sessions:
+    s.turns = [t._replace(invalid_action=bool(rng.random() < 0.5)) for t in s.turns]
+  layout, context = layout_context
+  batch = pack_sessions(sessions, layout=layout, context=context, tokenizer=TOK, batch_multiple=4)
+  assert batch.invalid_bt.dtype == bool
+  for r, (i, k, tokens, turns) in enumerate(_expected_rows(sessions, layout, context)):
+    n = len(tokens) - 1  # target-aligned: the last input token has no target
+    want = [sessions[i].turns[x].invalid_action for x in batch.turn_idx_bt[r, :n]]
+    assert batch.invalid_bt[r, :n].tolist() == want
+    assert not batch.invalid_bt[r, n:].any()
+  assert not batch.invalid_bt[batch.sample_valid_b == 0].any()
