@@ -78,12 +78,16 @@ def values(h: int) -> dict:
   return out
 
 
-def write(out, exp=None) -> dict:
+def write(out, exp=None, auc=None) -> dict:
+  """The fixture's records; `auc` (label -> per-seed AUC) overrides a cell's AUC (else AUC = final success)."""
   exp = exp or experiment()
   vals = {k: v for h in H for k, v in values(h).items()}
   for label, v in vals.items():
     for s, x in enumerate(v):
-      records.write(out, fake_run(exp.cell(label).name, s, float(x)))
+      rec = fake_run(exp.cell(label).name, s, float(x))
+      if auc and label in auc:
+        rec["auc"] = float(auc[label][s])
+      records.write(out, rec)
   for h in H:  # the full critic the GAE reference starts from, at the bar (no partial critic in the fixture)
     records.write(out, fake_critic(round3.gae_cell("gae_lambda0.95", h, "full").warm, 0.9, 1.0))
   return vals
@@ -235,3 +239,19 @@ def test_the_command_reads_round_3_records_and_prints_the_graded_part(tmp_path, 
   assert "H=8 (ms_grpo, `ms_grpo h8`): final 0.080 at q=0.25; AUC 0.080 at q=0.25" in text
   assert "| 1 | `ms_grpo control q=1 h8` | final | 8 | +0.300 [" in text
   assert "- E2: `decoupled eta=4 h8` (critic-free) > `naive eta=4 h8` (critic-free): not tested (no records of" in text
+
+
+def test_the_bound_holds_on_every_metric_the_claim_has_an_mde_on(tmp_path):
+  """h8's GAE controls with their AUC equal to the reference's (final success still loses 0.12 / 0.04): no
+  control separates on AUC, so h8's GAE claim (MDE 0.060 on both metrics) is not bounded: inconclusive,
+  naming AUC; the ladder's line says AUC none detected.
+
+  Break checked: the bound read on final success alone (bound_words' metrics cut to 'final') makes it
+  'no difference larger than 0.060'."""
+  exp = experiment()
+  ref = values(8)["gae_lambda0.95 full h8"]
+  write(str(tmp_path), exp, auc={round3.control_label("gae_lambda0.95", "full", q, 8): ref for q in round3.GRADED_Q})
+  text = graded.graded_report(str(tmp_path), experiments=(exp,))
+  assert "`gae_lambda0.95 full h8`): final 0.040 at q=0.5; AUC none detected." in text
+  assert ("- EX: `gae_lambda1 none h8` (critic none) > `gae_lambda0.95 none h8` (critic none): inconclusive (MDE "
+          "0.060; no graded control of gae_lambda0.95 (full critic) separated on AUC on this probe)") in text
