@@ -17,6 +17,7 @@ The modules, each importing only those above it in this list (no cycle):
   tables.py    the report's tables and figures
   prose.py     the report's fixed text: what the statistics and the setup are
   report.py    docs/STUDY.md from the records alone
+  graded.py    round 3's graded controls per probe (the smallest effect detected) and the claims' bound by them
   readme.py    the README's study table from STUDY.md's headline
   pilot3.py    the third round's pilot runs and their table (docs/STUDY_ROUND3.md)
 
