@@ -19,12 +19,18 @@ when some reference R that judges it had no control separate on its probe (on an
 metric where it fell short. Reproduced, not reproduced, not
 tested and identical claims keep the words verdicts.py gives them.
 
-What the control is not yet (docs/STUDY_ROUND3.md's pilot): it shuffles the decision turn's format credit
-too, so on some seeds it removes more than the decision's credit; a bound drawn from it inherits that.
+What the control is not yet (docs/STUDY_ROUND3.md's pilot): it draws only sessions whose decision reply
+was valid, so the decision turn's format credit stays; but in 4 of the pilot's 18 control runs the relay
+turn's format still collapsed (75-100% of relay replies invalid), so on some seeds it removes more than the
+decision's credit; a bound drawn from it inherits that.
+
+The command's last line is one JSON object: the record folder, the experiments with records, and per
+probe and reference the smallest detected control effect on each metric (null: none detected).
 """
 from __future__ import annotations
 
 import argparse
+import json
 import os
 from typing import NamedTuple
 
@@ -253,14 +259,34 @@ def section(exps, cstats: dict, items: list, lad: dict) -> str:
   return "\n".join(parts).rstrip() + "\n"
 
 
-def graded_report(records_dir: str, experiments=None, code=None) -> str:
-  """The graded part from the records in `records_dir` (round 3's by default): ladders and claim lines."""
+def _graded(records_dir: str, experiments=None, code=None):
+  """The experiments with records, their cell numbers, tested items and ladders."""
   exps = round3.EXPERIMENTS if experiments is None else experiments
   got = records_mod.load(records_dir)
   cstats = {e.id: cell_stats(e, got["runs"], got["critics"]) for e in exps}
   ran = [e for e in exps if not e.cut and any(s["recs"] for s in cstats[e.id].values())]
   items = study_tests(ran, cstats, code)["items"]
-  return section(ran, cstats, items, study_ladders(ran, cstats, code))
+  return ran, cstats, items, study_ladders(ran, cstats, code)
+
+
+def graded_report(records_dir: str, experiments=None, code=None) -> str:
+  """The graded part from the records in `records_dir` (round 3's by default): ladders and claim lines."""
+  return section(*_graded(records_dir, experiments, code))
+
+
+def summary(records_dir: str, experiments=None, code=None) -> dict:
+  """The command's JSON line: per ladder ("<probe cell> <arm>[ <critic>]") the smallest detected effect on
+  each metric (null: no control separated), or "not tested" where none of its controls could be tested."""
+  ran, _, _, lad = _graded(records_dir, experiments, code)
+  smallest = {}
+  for ladder in lad.values():
+    key = f"{ladder.probe} {' '.join(x for x in ladder.ref if x)}"
+    if all(r.untested for r in ladder.rungs):
+      smallest[key] = "not tested"
+      continue
+    rungs = {m: ladder.smallest(m) for m in METRICS}
+    smallest[key] = {m: (None if r is None else round(float(r.tests[m][1].mean), 6)) for m, r in rungs.items()}
+  return {"records": records_dir, "experiments": [e.id for e in ran], "smallest_detected": smallest}
 
 
 def main(argv=None) -> str:
@@ -272,11 +298,13 @@ def main(argv=None) -> str:
     p.error(f"--records {a.records} is not a folder (round 3's records land in docs/study3/ as its runs finish)")
   from experiments.study.plan import CODE_MAY_DIFFER
   from experiments.study.versions import CodeCheck
-  text = graded_report(a.records, code=CodeCheck(CODE_MAY_DIFFER, cache=os.path.join(a.records, "code_diffs.json")))
+  code = CodeCheck(CODE_MAY_DIFFER, cache=os.path.join(a.records, "code_diffs.json"))
+  text = graded_report(a.records, code=code)
   if a.out:
     with open(a.out, "w") as f:
       f.write(text)
   print(text, end="")
+  print(json.dumps(summary(a.records, code=code)))
   return text
 
 

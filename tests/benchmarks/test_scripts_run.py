@@ -30,7 +30,7 @@ import pytest
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SCRIPT_DIRS = ("benchmarks", "experiments", "launch")
 
-# script -> (arguments at its smallest size; "{w}" is a fresh workdir), slow?
+# script -> (arguments at its smallest size; "{w}" is a fresh workdir, "{d}" an empty folder), slow?
 # Scripts that need another script's output get it in `test_sweep_summarize_plot`
 # and `test_report_on_a_study_root` instead.
 RUNS = {
@@ -48,6 +48,8 @@ RUNS = {
     # issue 43's table from its committed records (the runs themselves: tests/train/test_critic_probe_slow.py)
     "experiments/critic_probe.py": (["--out", "docs/critic_probe", "--report"], False),
     "experiments/study/pilot3.py": (["--out", "{w}", "--table"], False),  # the table of an empty pilot folder
+    # round 3's graded part from an empty record folder (every claim 'not tested'); the numbers: test_graded.py
+    "experiments/study/graded.py": (["--records", "{d}"], False),
     "benchmarks/rollout.py": (["--tasks", "2", "--group", "2", "--rows", "2", "--reps", "1", "--dim", "32",
                                "--layers", "1", "--max_turns", "2", "--budget", "16", "--latency_ms", "1",
                                "--prompt_chars", "40"], True),
@@ -144,7 +146,7 @@ def test_every_script_is_covered():
 @pytest.mark.parametrize("script", [pytest.param(s, marks=pytest.mark.slow) if slow else s
                                     for s, (_, slow) in RUNS.items()])
 def test_script_runs_from_a_fresh_workdir(script, tmp_path):
-  args = [a.replace("{w}", str(tmp_path / "work")) for a in RUNS[script][0]]
+  args = [a.replace("{w}", str(tmp_path / "work")).replace("{d}", str(tmp_path)) for a in RUNS[script][0]]
   out = run_script(script, args)
   assert isinstance(out, dict) and out
 

@@ -18,6 +18,7 @@ alternating pattern of sd ~0.053 (p 0.33 at a mean loss of 0.02), one that must 
   ms_grpo > gae_lambda0.95 none (both refs)     MDE 0.06: inconclusive     MDE 0.06: inconclusive (ms 0.08)
 """
 import dataclasses
+import json
 import importlib.util
 import os
 
@@ -228,14 +229,21 @@ def test_the_command_reads_round_3_records_and_prints_the_graded_part(tmp_path, 
   cells have no records read 'not tested'; nothing else is needed to run it.
 
   Breaks checked: main reading the default folder instead of --records (docs/study3, absent) exits with
-  the usage error; the largest separating effect prints 0.300 at q=1, not 0.080 at q=0.25."""
+  the usage error; the largest separating effect prints 0.300 at q=1, not 0.080 at q=0.25 (in the
+  table and in the JSON line)."""
   vals = values(8)
   e2 = round3.experiment("E2")
   for label in ("ms_grpo h8", *(round3.control_label("ms_grpo", "", q, 8) for q in round3.GRADED_Q)):
     for s, x in enumerate(vals[label]):
       records.write(str(tmp_path), fake_run(e2.cell(label).name, s, float(x)))
   text = graded.main(["--records", str(tmp_path)])
-  assert text == capsys.readouterr().out
+  out = capsys.readouterr().out
+  body, _, last = out.rstrip("\n").rpartition("\n")
+  assert body + "\n" == text
+  line = json.loads(last)  # the command's last line: the smallest detected effects, as numbers
+  smallest = line["smallest_detected"]
+  assert smallest["probe=delayed,horizon=8,cue=true ms_grpo"] == {"final": 0.08, "auc": 0.08}, line
+  assert smallest["probe=delayed,horizon=8,cue=true gae_lambda0.95 full"] == "not tested", line
   assert "H=8 (ms_grpo, `ms_grpo h8`): final 0.080 at q=0.25; AUC 0.080 at q=0.25" in text
   assert "| 1 | `ms_grpo control q=1 h8` | final | 8 | +0.300 [" in text
   assert "- E2: `decoupled eta=4 h8` (critic-free) > `naive eta=4 h8` (critic-free): not tested (no records of" in text
