@@ -38,8 +38,8 @@ from experiments.study import records as records_mod
 from experiments.study import round3, stats
 from experiments.study.plan import CRITIC_ARMS
 from experiments.study.tables import _table
-from experiments.study.verdicts import (METRIC_NAMES, METRICS, cell_stats, comparison_verdict, identical,
-                                        paired_tests, study_tests, untested_because)
+from experiments.study.verdicts import (METRIC_NAMES, METRICS, cell_stats, comparison_verdict, critic_notes,
+                                        identical, paired_tests, study_tests, untested_because)
 
 # ------------------------------------------------------------------ which controls judge a claim
 
@@ -175,14 +175,14 @@ def bound_words(exp, it: dict, lad: dict) -> str:
 
 def claim_verdict(exp, it: dict, items: list, lad: dict) -> str:
   """A claim's words: verdicts.py's where it is untested, identical, reproduced or reversed; the graded rule
-  (bound_words) where it is unresolved. Its critic-uncertain note, if any, stays."""
+  (bound_words) where it is unresolved. Its critic notes (uncertain at the bar, a partial critic's band), if
+  any, stay."""
   if it["untested"] or identical(it):
     return comparison_verdict(exp, it, items)
   judged = tuple(it["judged"].values())
   if "B>A" in judged or "A>B" in judged:
     return comparison_verdict(exp, it, items)
-  note = f" (critic uncertain: {it['critic_note']})" if it.get("critic_note") else ""
-  return bound_words(exp, it, lad) + note
+  return bound_words(exp, it, lad) + critic_notes(it)
 
 
 def claim_line(exp, it: dict, items: list, lad: dict) -> str:

@@ -2,7 +2,8 @@
 
 From the records (records.load) and the plan (plan.py): a cell's per-seed final success and AUC and
 their descriptive means, the pretrained critic its runs started from and whether it passes the
-critic bar (mtrl_jax/train/critic_bar.py: the package's one rule), the paired t test of every claim,
+critic bar (mtrl_jax/train/critic_bar.py: the package's one rule; a deliberately partial critic, round 3's,
+is judged on its registered band instead, round3.PARTIAL_BAND), the paired t test of every claim,
 factor contrast and positive control, Holm over the claims' and factors' tests of the whole study,
 and the words each claim and each experiment gets (stats.paired_verdict). No layout: tables.py and
 report.py print what this returns.
@@ -15,6 +16,7 @@ import numpy as np
 
 from experiments.study import stats
 from experiments.study.plan import SEEDS, critic_warm
+from experiments.study.round3 import PARTIAL_BAND, critic_state
 from mtrl_jax.train.critic_bar import CRITIC_BAR, bar_of
 
 METRICS = ("final", "auc")
@@ -34,6 +36,13 @@ class Mean:
 # ------------------------------------------------------------------ per cell
 
 
+def critic_key(name: str) -> tuple[str, int]:
+  """records.load's key, (warm, seed), of the critic record of a critic warm start named `name`
+  (plan.critic_warm): records.critic_record keeps the name's head as `warm`, a partial critic's `,vpr=` in it."""
+  warm, _, seed = name.rpartition(",critic,seed=")
+  return warm, int(seed)
+
+
 def cell_critic(cell, crit: dict) -> dict | None:
   """The pretrained critic a cell's runs started from (the probe's one critic warm start), or None.
 
@@ -42,22 +51,29 @@ def cell_critic(cell, crit: dict) -> dict | None:
   the cell's ends are the means of theirs: wider than an interval on the mean ratio, never narrower.
   A record without ends (written before they existed) makes the cell's judgement the point ratio's
   (`interval` False), "yes" or "no".
+
+  The record is looked up under the cell's own critic warm start (critic_key of critic_warm's name), so a
+  partial cell reads its partial critic, not the probe's full one. `partial`: the cell's critic is
+  deliberately partial (round3.critic_state), judged on round3.PARTIAL_BAND, not on the bar
+  (untested_because).
   """
   names = sorted({cw for s in SEEDS if (cw := critic_warm(cell, s))})
   if not names:
     return None
-  got = [crit.get((cell.warm, int(n.rpartition(",critic,seed=")[2]))) for n in names]
+  got = [crit.get(critic_key(n)) for n in names]
   done = [g["readout"] for g in got if g]
+  partial = critic_state(cell) == "partial"
   if not done:
     return {"n": 0, "seeds": len(got), "ev": None, "oracle": None, "ratio": None, "fit_seeds": 0, "bar": None,
-            "interval": False}
+            "interval": False, "partial": partial}
   mean = lambda key: float(np.mean([g[key] for g in done]))  # noqa: E731
   ev, oracle = mean("explained_variance"), mean("oracle_explained_variance")
   ratios = [g["explained_variance"] / g["oracle_explained_variance"] for g in done if g["oracle_explained_variance"]]
   ratio = float(np.mean(ratios)) if ratios else None
   ends = ("explained_variance", "oracle_explained_variance", "ev_over_oracle")
   interval = all(g.get(f"{k}_{e}") is not None for g in done for k in ends for e in ("lo", "hi"))
-  out = {"n": len(done), "seeds": len(got), "ev": ev, "oracle": oracle, "ratio": ratio, "interval": interval}
+  out = {"n": len(done), "seeds": len(got), "ev": ev, "oracle": oracle, "ratio": ratio, "interval": interval,
+         "partial": partial}
   if interval:
     for k, short in zip(ends, ("ev", "oracle", "ratio")):
       out[f"{short}_lo"], out[f"{short}_hi"] = mean(f"{k}_lo"), mean(f"{k}_hi")
@@ -90,13 +106,34 @@ def cell_stats(exp, runs: dict, crit: dict) -> dict:
   return out
 
 
+BAND_WORDS = f"the registered band {PARTIAL_BAND[0]:g}-{PARTIAL_BAND[1]:g}"
+
+
+def in_band(c: dict) -> bool:
+  """A partial critic's handed-over point ratio lies in round3.PARTIAL_BAND (ends included). The point, not
+  the interval: the band says what the critic was stopped at (about 0.3-0.6), not a bar it must clear."""
+  return c["ratio"] is not None and PARTIAL_BAND[0] <= c["ratio"] <= PARTIAL_BAND[1]
+
+
+def _partial_said(lab: str, c: dict) -> str:
+  """'`lab`'s partial critic read 0.54 [95% 0.53, 0.56] x the oracle's EV' (its interval, where the record has one)."""
+  if c["ratio"] is None:
+    return f"`{lab}`'s partial critic has no EV ratio (the oracle explains nothing)"
+  ends = (f" [95% {c['ratio_lo']:.2f}, {c['ratio_hi']:.2f}]" if c["interval"]
+          else " (point ratio: the record has no interval)")
+  return f"`{lab}`'s partial critic read {c['ratio']:.2f}{ends} x the oracle's EV"
+
+
 def untested_because(cs: dict, *labels, uncertain: bool = False) -> str | None:
-  """Why a comparison cannot test its claim: a side without runs, a pretrained critic below the bar, or None.
+  """Why a comparison cannot test its claim: a side without runs, a pretrained critic below the bar, a
+  partial critic outside its band, or None.
 
   Below the bar: the ratio's interval wholly below CRITIC_BAR (cell_critic), or, for records without
   an interval, the point ratio below it (said so). A critic whose interval straddles the bar leaves
   the comparison tested; `uncertain=True` returns the sentence that says so (None when no critic
-  straddles it), for the verdict line.
+  straddles it), for the verdict line. A deliberately partial critic (cell_critic's `partial`: round 3's
+  value pretraining stopped at PARTIAL_RATIO on purpose) is not held to the bar: its point ratio outside
+  round3.PARTIAL_BAND (or no ratio) makes the comparison not tested; inside it, partial_note says so.
   """
   def ratio_said(c):
     if not c["interval"]:
@@ -105,6 +142,8 @@ def untested_because(cs: dict, *labels, uncertain: bool = False) -> str | None:
             f"{c['oracle']:.2f}")
 
   critics = [(lab, c) for lab in labels if (c := cs[lab]["critic"])]
+  partial = [(lab, c) for lab, c in critics if c.get("partial")]
+  critics = [(lab, c) for lab, c in critics if not c.get("partial")]
   if uncertain:
     said = [f"`{lab}`'s critic EV {c['ev']:.2f} = {ratio_said(c)}" for lab, c in critics if c["bar"] == "uncertain"]
     return ("; ".join(said) + f": the ratio's interval straddles the bar ({CRITIC_BAR}), so the critic may be "
@@ -116,7 +155,24 @@ def untested_because(cs: dict, *labels, uncertain: bool = False) -> str | None:
           if c["bar"] == "no" and c["ratio"] is not None]
   missing = [f"`{lab}` has no critic record" for lab, c in critics if c["n"] == 0]
   why = weak + missing
-  return "; ".join(why) + f" (bar: {CRITIC_BAR} x the oracle's EV before RL)" if why else None
+  bar = "; ".join(why) + f" (bar: {CRITIC_BAR} x the oracle's EV before RL)" if why else None
+  off = [f"`{lab}` has no critic record" if c["n"] == 0 else f"{_partial_said(lab, c)}, outside {BAND_WORDS}"
+         for lab, c in partial if not in_band(c)]
+  return "; ".join([bar, *off] if bar else off) or None
+
+
+def partial_note(cs: dict, *labels) -> str | None:
+  """The verdict line's sentence on a tested comparison's partial critics: each one's ratio and interval,
+  inside the registered band (None when no side has a partial critic)."""
+  said = [f"{_partial_said(lab, c)}, inside {BAND_WORDS}" for lab in labels
+          if (c := cs[lab]["critic"]) and c.get("partial") and c["n"] and in_band(c)]
+  return "; ".join(said) or None
+
+
+def critic_notes(it: dict) -> str:
+  """What a tested comparison's verdict adds on its critics: a critic straddling the bar, a partial one's band."""
+  return ((f" (critic uncertain: {it['critic_note']})" if it.get("critic_note") else "")
+          + (f" ({it['partial_note']})" if it.get("partial_note") else ""))
 
 
 # ------------------------------------------------------------------ tests and verdicts
@@ -146,6 +202,7 @@ def study_tests(exps: list, cstats: dict, code=None) -> dict:
                                                                     *cs[b]["recs"].values()]))
         items.append({"exp": exp.id, "kind": kind, "a": a, "b": b, "factor": what, "untested": why,
                       "critic_note": None if why else untested_because(cs, a, b, uncertain=True),
+                      "partial_note": None if why else partial_note(cs, a, b),
                       "tests": {} if why else paired_tests(cs, a, b)})
   family = [(i, m) for i, it in enumerate(items) if it["kind"] != "control"
             for m, (_, t) in it["tests"].items() if t is not None]
@@ -196,7 +253,7 @@ def comparison_verdict(exp, it: dict, items: list) -> str:
   if identical(it):
     n = max(t.n for _, t in it["tests"].values() if t is not None)
     return f"no difference (identical on all {n} seeds: every paired difference is 0)"
-  return _verdict(exp, it, items) + (f" (critic uncertain: {it['critic_note']})" if it.get("critic_note") else "")
+  return _verdict(exp, it, items) + critic_notes(it)
 
 
 def experiment_verdict(exp, items: list) -> str:
