@@ -274,8 +274,8 @@ def critic_warm_table(crit: dict, states: bool = False) -> str:
           "[95% session-bootstrap interval]) and the value gap between the two turn-0 decisions. At the bar: "
           f"yes when the ratio's interval lies at or above {CRITIC_BAR}, **no** when below it, uncertain when it "
           "straddles it; (point): a record without an interval, judged on the point ratio.\n\n"
-          + _table(["probe", "horizon", *(["critic"] if states else []), "seed", "critic steps", "readout sessions", "EV", "oracle EV", "EV / oracle",
-                    "decision gap", "oracle gap", "at the bar"], rows))
+          + _table(["probe", "horizon", *(["critic"] if states else []), "seed", "critic steps", "readout sessions",
+                    "EV", "oracle EV", "EV / oracle", "decision gap", "oracle gap", "at the bar"], rows))
 
 
 def lab_section(records_dir: str, figdir: str, rel: str) -> str:
