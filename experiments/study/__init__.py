@@ -2,6 +2,7 @@
 
   python -m experiments.study --root ROOT --parallel 2 --probes   # runs the plan; a record per finished job
   python -m experiments.study.report                              # docs/study/ -> docs/STUDY.md + figures
+  python -m experiments.study.report --round 3                    # docs/study3/ -> docs/STUDY3.md
   python -m experiments.study.records --ceilings                  # every probe's ceiling record
   python -m experiments.study.readme                              # README's study table from the headline
 
@@ -16,8 +17,10 @@ The modules, each importing only those above it in this list (no cycle):
   verdicts.py  each cell's numbers, every claim's paired tests, Holm, the verdicts
   tables.py    the report's tables and figures
   prose.py     the report's fixed text: what the statistics and the setup are
-  report.py    docs/STUDY.md from the records alone
   graded.py    round 3's graded controls per probe (the smallest effect detected) and the claims' bound by them
+  interaction.py  round 3's pre-registered interaction tests (per-seed double differences), each its own Holm family
+  report3.py   docs/STUDY3.md, round 3's report, from its records alone (report.py --round 3)
+  report.py    docs/STUDY.md from the records alone (--round 3: report3.py's)
   readme.py    the README's study table from STUDY.md's headline
   pilot3.py    the third round's pilot runs and their table (docs/STUDY_ROUND3.md)
 

@@ -1,6 +1,7 @@
 """docs/STUDY.md and its figures from the study's per-run records in docs/study/ (and nothing else).
 
   python -m experiments.study.report [--records docs/study] [--out docs/STUDY.md] [--figdir docs/study]
+  python -m experiments.study.report --round 3 [--records docs/study3] [--out docs/STUDY3.md]   # report3.py
 
 Reads the records the study's runner writes as each job finishes (records.py:
 runs/<cell>/seed=<s>.json, critics/, warm/, ceilings/): the repo alone
@@ -95,7 +96,20 @@ def main(argv=None) -> dict:
                                                  "docs/study_smol with --model smol)")
   p.add_argument("--out", default=None, help="default docs/STUDY.md, docs/STUDY_smol.md with --model smol")
   p.add_argument("--figdir", default=None, help="where the figures go (default: the record folder)")
+  p.add_argument("--round", type=int, choices=(2, 3), default=2,
+                 help="3: the third round's report (report3.py; default records docs/study3, out docs/STUDY3.md)")
   a = p.parse_args(argv)
+  if a.round == 3:
+    if a.model != "byte" or a.figdir:
+      p.error("--round 3 is the byte model's, without figures: drop --model smol / --figdir")
+    a.records = a.records or records_mod.ROUND3_RECORDS
+    if not os.path.isdir(a.records):
+      p.error(f"--records {a.records} is not a folder (round 3's records land in docs/study3/ as its runs finish)")
+    from experiments.study import report3
+    result = report3.report(a.records, a.out or report3.DEFAULT_OUT)
+    print(a.out or report3.DEFAULT_OUT)
+    print(json.dumps(result))
+    return result
   smol = a.model == "smol"
   a.records = a.records or (records_mod.SMOL_RECORDS if smol else records_mod.DEFAULT_OUT)
   a.out = a.out or os.path.join(records_mod.REPO, "docs", "STUDY_smol.md" if smol else "STUDY.md")

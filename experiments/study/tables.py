@@ -238,7 +238,15 @@ def probe_table(warm: dict, ceilings: dict) -> str:
                    rows))
 
 
-def critic_warm_table(crit: dict) -> str:
+def critic_state_word(kv: dict) -> str:
+  """A critic warm start's state, from its name's `vpr` (round 3's partial critic: value pretraining stopped
+  at that ratio of the oracle's EV), else the bar."""
+  return f"partial (stopped at {kv['vpr']} x the oracle's EV)" if "vpr" in kv else "full (stopped at the bar)"
+
+
+def critic_warm_table(crit: dict, states: bool = False) -> str:
+  """The critics before RL; `states` adds the column of each critic's state (round 3, where a probe has a
+  partial and a full critic; off: the second round's table, byte for byte)."""
   if not crit:
     return "No critic records."
   rows = []
@@ -255,7 +263,8 @@ def critic_warm_table(crit: dict) -> str:
     word = bar_of(ratio, lo, hi)
     point = "" if bar_of(None, lo, hi) else " (point)"  # no interval's ends: the point ratio decided
     bar = "not judged (no oracle EV)" if word is None else ("**no**" if word == "no" else word) + point
-    rows.append([kv.get("probe"), kv.get("horizon"), seed, r.get("critic_steps"), _num(r.get("readout_sessions"), "{}"),
+    rows.append([kv.get("probe"), kv.get("horizon"), *([critic_state_word(kv)] if states else []), seed,
+                 r.get("critic_steps"), _num(r.get("readout_sessions"), "{}"),
                  with_ends(r["explained_variance"], "explained_variance"),
                  with_ends(r["oracle_explained_variance"], "oracle_explained_variance"),
                  with_ends(ratio, "ev_over_oracle"),
@@ -265,8 +274,8 @@ def critic_warm_table(crit: dict) -> str:
           "[95% session-bootstrap interval]) and the value gap between the two turn-0 decisions. At the bar: "
           f"yes when the ratio's interval lies at or above {CRITIC_BAR}, **no** when below it, uncertain when it "
           "straddles it; (point): a record without an interval, judged on the point ratio.\n\n"
-          + _table(["probe", "horizon", "seed", "critic steps", "readout sessions", "EV", "oracle EV", "EV / oracle",
-                    "decision gap", "oracle gap", "at the bar"], rows))
+          + _table(["probe", "horizon", *(["critic"] if states else []), "seed", "critic steps", "readout sessions",
+                    "EV", "oracle EV", "EV / oracle", "decision gap", "oracle gap", "at the bar"], rows))
 
 
 def lab_section(records_dir: str, figdir: str, rel: str) -> str:

@@ -1,0 +1,207 @@
+"""docs/STUDY3.md: the study's third round (round3.py's plan, issue 41) from its records in docs/study3/ alone.
+
+  python -m experiments.study.report --round 3 [--records docs/study3] [--out docs/STUDY3.md]
+
+The second round's report (report.py, docs/STUDY.md) is untouched; this one puts round 3's own parts
+around the same pieces: each claim's paired tests and Holm family (verdicts.study_tests), its headline
+line (verdicts.claim_lines, with each side's critic state: graded.critic_words), the graded control's
+ladders and the bound they put on an unresolved claim (graded.py, which replaces the second round's
+binary q=1 control here: the experiments' `controls` are dropped before testing, so no claim reads
+"underpowered" from it), the pre-registered interaction in its own Holm family (interaction.py), and the
+critics before RL (tables.critic_warm_table). E6 reads round3.E6_REASON, TextWorld round3.TEXTWORLD_NOTE.
+The same records give the same STUDY3.md, byte for byte, but for the date line; the last line printed
+is one JSON object with every verdict.
+"""
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import os
+
+from experiments.study import graded, interaction, round3
+from experiments.study import records as records_mod
+from experiments.study.plan import CODE_MAY_DIFFER
+from experiments.study.prose import cost
+from experiments.study.tables import (TEST_HEADER, _table, cell_table, comparison_rows, critic_table,
+                                      critic_warm_table, format_check)
+from experiments.study.verdicts import cell_stats, claim_lines, identical, study_tests
+from experiments.study.versions import CodeCheck
+
+DEFAULT_OUT = os.path.join(records_mod.REPO, "docs", "STUDY3.md")
+
+STATS = f"""**Statistics.** As in the second round (docs/STUDY.md's statistics): a claim "A beats B" is judged on the
+per-seed paired differences A - B of final success and AUC (mean, Student t 95% interval, two-sided paired t p,
+MDE at power 0.8), with Holm over every claim and factor contrast of this round, both metrics. A claim is
+**reproduced** when A > B on some metric after Holm and B > A on none, **not reproduced** when B > A on some
+metric after Holm, **not tested** when a side has no records, its critic is below the bar or its records' code
+differs beyond the allowed files. What changes: an unresolved claim is bounded by the **graded positive
+control** (below), not the second round's shuffle-everything control: it may read "no difference larger than
+x" (x its MDE) only where x is at or above the smallest control effect the design detected on its probe, on
+every metric it has an MDE on, for every reference that judges it (a GAE-family arm by gae_lambda0.95 with the
+full critic, a critic-free arm by ms_grpo, a claim between the two by both); below that it is **inconclusive**
+(the design was not shown to see effects that small), and **underpowered** where a judging reference's
+controls detected nothing on the probe. Each claim line names each side's critic state at the start of RL:
+none (value pretraining off), partial (stopped at {round3.PARTIAL_RATIO} of the oracle's EV), full (the bar),
+or critic-free. **The pre-registered interaction** (E1's horizon x lambda under the partial critic) is its own
+Holm family, separate from the claims': per seed (a_hi - b_hi) - (a_lo - b_lo), predicted > 0, tested two-sided
+with the sign stated (experiments/study/interaction.py)."""
+
+
+def _arm(label: str) -> str:
+  """A claim side's label without its horizon ('gae_lambda1 none h8' -> 'gae_lambda1 none'), as claim_lines groups."""
+  head, sep, h = label.rpartition(" h")
+  return head if sep and h.isdigit() else label
+
+
+def _unresolved(it: dict) -> bool:
+  judged = tuple(it["judged"].values())
+  return not it["untested"] and not identical(it) and "A>B" not in judged and "B>A" not in judged
+
+
+def _bound_short(words: str) -> str:
+  """graded.claim_verdict's words cut to the headline's: 'no difference larger than 0.060', 'inconclusive', ..."""
+  return " ".join(words.split()[:5]) if words.startswith("no difference larger than") else words.split(" (")[0]
+
+
+def headline_lines(exp, items: list, lad: dict) -> list[str]:
+  """The experiment's claim lines: verdicts.claim_lines, each side named with its critic state, and the
+  graded control's words for the horizons where the claim is unresolved."""
+  groups: dict = {}
+  for it in items:
+    if it["exp"] == exp.id and it["kind"] == "claim":
+      groups.setdefault((_arm(it["a"]), _arm(it["b"])), []).append(it)
+  out = []
+  for line in claim_lines(exp, items):
+    key, mine = next(((k, v) for k, v in groups.items() if line.startswith(f"`{k[0]}` > `{k[1]}`: ")),
+                     (None, None))
+    if key is None:  # claim_lines' layout changed: say so rather than print a line without its critics
+      raise ValueError(f"{exp.id}: claim line {line!r} names no claim of the experiment")
+    a, b = key
+    sides = (f"`{a}` ({graded.critic_words(exp.cell(mine[0]['a']))}) > "
+             f"`{b}` ({graded.critic_words(exp.cell(mine[0]['b']))}): ")
+    bounds: dict = {}
+    for it in mine:
+      if _unresolved(it):
+        words = _bound_short(graded.claim_verdict(exp, it, items, lad))
+        bounds.setdefault(words, []).append(exp.cell(it["a"]).full["horizon"])
+    said = "; ".join(f"{w} at H {', '.join(map(str, sorted(hs)))}" for w, hs in bounds.items())
+    out.append(sides + line[len(f"`{a}` > `{b}`: "):] + (f"; under the graded control: {said}" if said else ""))
+  return out
+
+
+def experiment_section(exp, cs: dict, items: list) -> str:
+  """An experiment's cells, critics, format and paired tests (the claims' words: the graded section)."""
+  mine = [i for i in items if i["exp"] == exp.id and i["kind"] != "control"]
+  missing = [n for s in cs.values() for n in s["missing"]]
+  crit = critic_table(cs)
+  return "\n".join([
+      f"## {exp.id}: {exp.title}", "",
+      f"**Question.** {exp.question}", "",
+      f"**Published claim.** {exp.claim} ({exp.source})", "",
+      *([f"**Setup.** {exp.note}", ""] if exp.note else []),
+      f"Seeds {', '.join(map(str, exp.seeds))}; {sum(len(s['recs']) for s in cs.values())} runs recorded, "
+      f"{len(missing)} missing.", "",
+      cell_table(exp, cs), "", *([crit, ""] if crit else []), format_check(cs), "",
+      "Paired tests (A - B per seed; claims and factor contrasts in this round's Holm family):", "",
+      _table(TEST_HEADER, comparison_rows(mine)), "",
+      *([f"<details><summary>missing runs ({len(missing)})</summary>\n\n" + "\n".join(f"- `{m}`" for m in missing)
+         + "\n\n</details>", ""] if missing else [])])
+
+
+def interaction_section(tests: list[dict]) -> str:
+  if not tests:
+    return "## The pre-registered interaction\n\nNo experiment registered one."
+  fams = dict.fromkeys(t["family"] for t in tests)
+  sizes = "; ".join(f"{f}: {next(t['family_size'] for t in tests if t['family'] == f)} p-values, its tests x "
+                    "final success and AUC" for f in fams)
+  return "\n".join([
+      "## The pre-registered interaction", "",
+      f"Each family is its own Holm family ({sizes}), apart from the claims'. A test is the per-seed double "
+      "difference over the seeds all four cells have, predicted > 0; its p is the two-sided paired t's (judged "
+      "> 0 or < 0 by the sign of the mean where Holm p < 0.05). Reproduced: > 0 on some metric and < 0 on none; "
+      "not reproduced: < 0 on some metric; else inconclusive at the largest MDE of its metrics.", "",
+      _table(interaction.HEADER, interaction.rows(tests)), "",
+      *(f"- {interaction.line(t)}" for t in tests)])
+
+
+def header(n_done: int, n_missing: int, date: str, shown: str) -> str:
+  return f"""# The credit-assignment study, third round
+
+The third round (issue 41; the plan, pre-registered before its runs: experiments/study/round3.py, and
+docs/STUDY_ROUND3.md) re-tests the claims on `delayed(cue=True)`, whose turn-0 choice is read from the
+observation, at horizons {', '.join(map(str, round3.HORIZONS))}, with the critic's quality as a factor and a
+graded positive control per probe. The second round's report, docs/STUDY.md, is unchanged.
+
+{STATS}
+
+**Data.** This file is generated from the per-run records in `{shown}` alone
+(`python -m experiments.study.report --round 3`; schema in experiments/study/records.py).
+
+Generated: {date}
+Runs: {n_done} recorded, {n_missing} missing (of the plan: every cell x seed).
+
+Reproduce (CPU, resumable; each finished run writes its record under docs/study3/):
+```bash
+python -m experiments.study --round 3 --root ROOT --parallel 2
+python -m experiments.study.report --round 3
+```"""
+
+
+def report(records_dir: str, out: str, date: str | None = None, experiments=None, code: CodeCheck | None = None) -> dict:
+  """Writes `out` from the records in `records_dir`; returns every verdict. `experiments`: round3.EXPERIMENTS
+  unless given; `code`: the check of the records' code versions (default: plan.CODE_MAY_DIFFER, this git)."""
+  exps = tuple(dataclasses.replace(e, controls=()) for e in (round3.EXPERIMENTS if experiments is None else experiments))
+  code = CodeCheck(CODE_MAY_DIFFER, cache=os.path.join(records_dir, "code_diffs.json")) if code is None else code
+  got = records_mod.load(records_dir)
+  cstats = {e.id: cell_stats(e, got["runs"], got["critics"]) for e in exps}
+  ran = [e for e in exps if not e.cut and any(s["recs"] for s in cstats[e.id].values())]
+  tests = study_tests(ran, cstats, code)
+  items = tests["items"]
+  lad = graded.study_ladders(ran, cstats, code)
+  inter = interaction.interaction_tests([e for e in exps if not e.cut], cstats, code)
+  headline, result = [], {}
+  for exp in exps:
+    if exp.cut:
+      headline.append(f"- **{exp.id}** {exp.title}: {exp.cut}")
+      result[exp.id] = {"verdict": "not tested", "why": exp.cut}
+    elif exp not in ran:
+      headline.append(f"- **{exp.id}** {exp.title}: not run (no records)")
+      result[exp.id] = {"verdict": "not run"}
+    else:
+      claims = {f"{i['a']} > {i['b']}": graded.claim_verdict(exp, i, items, lad)
+                for i in items if i["exp"] == exp.id and i["kind"] == "claim"}
+      word = graded.experiment_word(list(claims.values()))
+      lines = headline_lines(exp, items, lad)
+      headline += [f"- **{exp.id}** {exp.title}: **{word}**", *(f"  - {ln}" for ln in lines)]
+      result[exp.id] = {"verdict": word, "claims": claims, "lines": lines}
+  headline += [f"- **Interaction** {interaction.line(t)}" for t in inter]
+  headline.append(f"- **TextWorld** coin collector (issue 41 item 9): {round3.TEXTWORLD_NOTE}")
+  planned = {(c.name, s) for e in exps for c in e.cells for s in e.seeds}
+  n_done = len(planned & set(got["runs"]))
+  date = date or datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+  shown = os.path.relpath(os.path.abspath(records_dir), records_mod.REPO)
+  families = "; ".join(f"{f}: {n} p-values" for f, n in dict.fromkeys((t["family"], t["family_size"]) for t in inter))
+  text = "\n\n".join([
+      header(n_done, len(planned) - n_done, date, shown if not shown.startswith("..") else records_dir),
+      "<!-- headline -->\n" + "\n".join(headline) + "\n<!-- /headline -->",
+      f"Holm families: the claims and factor contrasts, {tests['family']} p-values (their tests x final success "
+      f"and AUC); the pre-registered interaction, apart: {families or 'none'}.",
+      cost(got),
+      "## The code behind the records\n\n" + code.section(got),
+      "## The critics before RL\n\n" + critic_warm_table(got["critics"], states=True),
+      graded.section(ran, cstats, items, lad).rstrip(),
+      interaction_section(inter),
+      *(experiment_section(e, cstats[e.id], items) for e in ran),
+      "## Not tested, not planned\n\n" + "\n".join(
+          [f"- **{e.id}** {e.title}: {e.cut}" for e in exps if e.cut]
+          + [f"- TextWorld coin collector (issue 41 item 9): {round3.TEXTWORLD_NOTE}"])])
+  os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
+  with open(out, "w") as f:
+    f.write(text.rstrip() + "\n")
+  smallest = graded.summary(records_dir, exps, code)["smallest_detected"]
+  by_family: dict = {}
+  for t in inter:
+    by_family.setdefault(t["family"], {})[interaction.name(t["cells"])] = t["verdict"]
+  return {"round": 3, "experiments": result, "runs": n_done, "missing": len(planned) - n_done,
+          "holm_family": tests["family"], "smallest_detected": smallest, "interactions": by_family,
+          "interaction_family": {t["family"]: t["family_size"] for t in inter}}
