@@ -98,10 +98,16 @@ def say(msg: str, stream=None) -> None:
 
 
 class Progress:
-  """A one-line console progress bar with rate, ETA and a few key numbers."""
+  """A one-line console progress bar with rate, ETA and a few key numbers.
 
-  def __init__(self, stage: str, total: int, start: int = 0, stream=None, width: int = 24):
+  `quiet_s`: draws nothing until that many seconds have passed since the bar
+  was made, so work that ends sooner (a short eval between updates) leaves no line.
+  """
+
+  def __init__(self, stage: str, total: int, start: int = 0, stream=None, width: int = 24,
+               quiet_s: float = 0.0):
     self.stage, self.total, self.start = stage, max(int(total), 1), int(start)
+    self.quiet_s = float(quiet_s)
     self.t0 = time.time()
     self.stream = stream or sys.stderr
     self.width = width
@@ -110,6 +116,8 @@ class Progress:
 
   def update(self, step: int, **numbers):
     now = time.time()
+    if now - self.t0 < self.quiet_s:
+      return
     done = step - self.start
     rate = done / max(now - self.t0, 1e-9)
     eta = (self.total - step) / rate if rate > 0 else float("inf")

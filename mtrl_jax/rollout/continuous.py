@@ -51,7 +51,7 @@ from typing import Any, NamedTuple, Sequence
 import jax
 import numpy as np
 
-from mtrl_jax.rollout.engine import RolloutEngine, RolloutResult, RolloutTiming, _call
+from mtrl_jax.rollout.engine import OnDone, RolloutEngine, RolloutResult, RolloutTiming, _call, record_end
 from mtrl_jax.rollout.group_prefill import leaders
 from mtrl_jax.rollout.ledger import TokenLedger
 from mtrl_jax.rollout.session import Session
@@ -115,7 +115,7 @@ class ContinuousEngine(RolloutEngine):
     self.trace: list[DecodeCall] | None = None  # set to [] to record every decode call
 
   def run(self, tasks: Sequence[int], rng: jax.Array | None = None, *, group_keys: Sequence | None = None,
-          group_ids: Sequence[int] | None = None) -> RolloutResult:
+          group_ids: Sequence[int] | None = None, on_done: OnDone | None = None) -> RolloutResult:
     t_start = time.perf_counter()
     g_size = self.group_size
     n = len(tasks) * g_size
@@ -125,7 +125,7 @@ class ContinuousEngine(RolloutEngine):
                 for i, seed in enumerate(tasks) for g in range(g_size)]
     if n == 0:
       return RolloutResult(sessions, TokenLedger(), RolloutTiming(0.0, 0.0, 0.0, time.perf_counter() - t_start))
-    play = _Play(self, sessions, keys, min(self.rows or n, n), min(max(self.in_flight or n, g_size), n))
+    play = _Play(self, sessions, keys, min(self.rows or n, n), min(max(self.in_flight or n, g_size), n), on_done)
     with concurrent.futures.ThreadPoolExecutor(self.num_env_threads) as pool:
       play.loop(pool)
     t = play.timing
@@ -136,8 +136,9 @@ class ContinuousEngine(RolloutEngine):
 class _Play:
   """The state of one `ContinuousEngine.run`."""
 
-  def __init__(self, engine: ContinuousEngine, sessions: list[Session], keys, rows: int, in_flight: int):
-    self.e, self.sessions, self.keys = engine, sessions, keys
+  def __init__(self, engine: ContinuousEngine, sessions: list[Session], keys, rows: int, in_flight: int,
+               on_done: OnDone | None = None):
+    self.e, self.sessions, self.keys, self.on_done = engine, sessions, keys, on_done
     self.key_impl = jax.random.key_impl(keys)
     self.key_shape = tuple(jax.random.key_data(keys).shape[1:])
     self.n_rows, self.n_slots = rows, in_flight
@@ -268,7 +269,7 @@ class _Play:
 
   def _end(self, idx: int) -> None:
     lv = self.live.pop(idx)
-    self.ledger.record_session(self.sessions[idx])
+    record_end(self.ledger, self.sessions[idx], len(self.sessions), self.on_done)
     if lv.row >= 0:
       self.owner[lv.row] = None
       self.waiting_rows.pop(lv.row, None)

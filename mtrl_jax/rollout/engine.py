@@ -48,10 +48,24 @@ class RolloutTiming(NamedTuple):
   total_s: float
 
 
+# Called once per session as it ends, after the run's ledger has counted it:
+# `on_done(ended so far, sessions of the run, the run's ledger)`. The ledger
+# already holds what a progress line shows (sessions, successes, tokens so far),
+# all host-side numbers: the hook costs no device transfer.
+OnDone = Callable[[int, int, TokenLedger], None]
+
+
 class RolloutResult(NamedTuple):
   sessions: list[Session]   # task-major: sessions[i * G + g] is sample g of tasks[i]
   ledger: TokenLedger
   timing: RolloutTiming
+
+
+def record_end(ledger: TokenLedger, s: Session, n_total: int, on_done: OnDone | None) -> None:
+  """Counts the finished session `s` in `ledger`, then tells `on_done` (if any)."""
+  ledger.record_session(s)
+  if on_done is not None:
+    on_done(ledger.sessions, n_total, ledger)
 
 
 def _call(fn: Callable, *args) -> tuple[Any, BaseException | None]:
@@ -139,11 +153,12 @@ class RolloutEngine:
     return gids, sids, session_keys(group_keys, g_size)
 
   def run(self, tasks: Sequence[int], rng: jax.Array | None = None, *, group_keys: Sequence | None = None,
-          group_ids: Sequence[int] | None = None) -> RolloutResult:
+          group_ids: Sequence[int] | None = None, on_done: OnDone | None = None) -> RolloutResult:
     """Plays len(tasks) x group_size sessions; tasks are env seeds.
 
     group_keys: one key per task (default `fold_in(rng, i)`); group_ids: the
-    tasks' group ids (default: numbered on from the last run's).
+    tasks' group ids (default: numbered on from the last run's); on_done:
+    called as each session ends (`OnDone`), e.g. a progress line.
     """
     t_start = time.perf_counter()
     g_size = self.group_size
@@ -160,13 +175,13 @@ class RolloutEngine:
       return RolloutResult(sessions, ledger, RolloutTiming(0.0, 0.0, 0.0, time.perf_counter() - t_start))
 
     with concurrent.futures.ThreadPoolExecutor(self.num_env_threads) as pool:
-      self._play(pool, sessions, range(n), keys, ledger, timing)
+      self._play(pool, sessions, range(n), keys, ledger, timing, on_done=on_done)
     timing_rec = RolloutTiming(timing["generate"], timing["prefill"], timing["env"],
                                time.perf_counter() - t_start)
     return RolloutResult(sessions, ledger, timing_rec)
 
   def _play(self, pool, sessions: list, starts: Sequence[int], keys, ledger: TokenLedger, timing: dict,
-            fork: Callable | None = None) -> None:
+            fork: Callable | None = None, on_done: OnDone | None = None) -> None:
     """The turn loop of the lockstep engines (this one, rollout/tree.py): row r plays `sessions[r]`.
 
     The rows in `starts` reset their envs; then, turn after turn, every live row's new
@@ -174,9 +189,10 @@ class RolloutEngine:
     and the envs step on the pool's threads, until no row lives. `fork(state, turn,
     sessions, envs, pending)`, called after a turn's prefill, may give rows of `sessions`
     that were None a session of their own (tree rollouts) and returns the new state.
+    `on_done` hears of each session that ends, out of len(sessions).
     """
     n = len(sessions)
-    envs, pending = self._start(pool, sessions, list(starts), ledger, timing)
+    envs, pending = self._start(pool, sessions, list(starts), ledger, timing, on_done)
     state = self.sampler.init_state(n, self.context_cap)
     turn = 0
     while pending:
@@ -185,7 +201,7 @@ class RolloutEngine:
         if lengths[r] + len(pending[r][1]) + self.turn_token_budget > self.context_cap:
           sessions[r].final_observation = pending.pop(r)[0]
           sessions[r].finish("context_cap")
-          ledger.record_session(sessions[r])
+          record_end(ledger, sessions[r], n, on_done)
       if not pending:
         break
       # Read (and, in the actor pool, loaded) before the prefill: the observation's last logits,
@@ -225,19 +241,20 @@ class RolloutEngine:
         if nxt is not None:
           next_pending[r] = nxt
         else:
-          ledger.record_session(sessions[r])
+          record_end(ledger, sessions[r], n, on_done)
           envs.pop(r, None)
       pending = next_pending
       turn += 1
 
-  def _start(self, pool, sessions: list, rows: list[int], ledger: TokenLedger, timing: dict) -> tuple[dict, dict]:
+  def _start(self, pool, sessions: list, rows: list[int], ledger: TokenLedger, timing: dict,
+             on_done: OnDone | None = None) -> tuple[dict, dict]:
     """Resets the envs of `rows`: ({row: env}, {row: (first observation, its ids)}) of those that started;
     a session whose env failed is recorded as ended."""
     envs, pending = {}, {}
     for r, (env, out) in zip(rows, self._reset_all(pool, [sessions[r] for r in rows], timing)):
       s = sessions[r]
       if out is None:
-        ledger.record_session(s)
+        record_end(ledger, s, len(sessions), on_done)
         continue
       envs[r] = env
       s.prompt = out.prompt

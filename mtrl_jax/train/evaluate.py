@@ -5,15 +5,26 @@ deployed in rollouts: sampled at the rollout temperature. Greedy decoding is
 reported beside it (`eval/greedy_*`); on a near-even choice between two
 actions argmax flips on tiny logit differences, so greedy success says little
 about a policy that is still mixing.
+
+A long eval (SmolLM2 on BabyAI: ~20 minutes on 2 cores) shows its sessions
+ending on a console bar (`session_bar`, fed by the engines' `on_done` hook).
 """
 from __future__ import annotations
+
+from typing import Callable
 
 import jax
 import numpy as np
 
+from mtrl_jax.metrics import Progress
 from mtrl_jax.parallel.host_exchange import allgather_objects
+from mtrl_jax.rollout.engine import OnDone
+from mtrl_jax.rollout.ledger import TokenLedger
 from mtrl_jax.rollout.ownership import HostShare
 from mtrl_jax.rollout.session import Session
+
+# Seconds an eval's bar stays silent: the evals between RL updates of a small job end sooner and print nothing.
+BAR_QUIET_S = 5.0
 
 
 def decision_shares(sessions: list[Session], prefix: str, decision_fn) -> dict:
@@ -40,25 +51,47 @@ def session_stats(sessions: list[Session], prefix: str, decision_fn=None) -> dic
   }
 
 
-def play_share(engine, seeds, rng, share: HostShare | None = None) -> list[Session]:
+def session_bar(label: str, total: int, quiet_s: float = BAR_QUIET_S, stream=None) -> OnDone:
+  """An engine's `on_done` hook that draws `[label] |###...| ended/total` with the success rate and
+  the tokens (prefilled + generated) so far, on the job's console bar (metrics.Progress: redrawn in
+  place on a terminal, a line every 5 s in a log; nothing for the first `quiet_s` seconds)."""
+  bar = Progress(label, total, stream=stream, quiet_s=quiet_s)
+
+  def on_done(n_done: int, n_total: int, ledger: TokenLedger) -> None:
+    bar.update(n_done, success=ledger.successes / max(n_done, 1),
+               tokens=ledger.generated_total + ledger.prefilled_total)
+  return on_done
+
+
+def play_share(engine, seeds, rng, share: HostShare | None = None, on_done: OnDone | None = None) -> list[Session]:
   """The sessions of this host's share of `seeds`, each keyed by its index: task j
-  plays with `fold_in(rng, j)` and group id j, whichever host plays it."""
+  plays with `fold_in(rng, j)` and group id j, whichever host plays it; `on_done` hears of
+  each session of this host as it ends."""
   js = range(len(seeds)) if share is None else share.indices
+  watch = {} if on_done is None else {"on_done": on_done}  # the tree engine takes no hook
   return engine.run([seeds[j] for j in js], group_keys=[jax.random.fold_in(rng, j) for j in js],
-                    group_ids=list(js)).sessions
+                    group_ids=list(js), **watch).sessions
 
 
-def evaluate(engine_sampled, engine_greedy, seeds, rng, share: HostShare | None = None, decision_fn=None) -> dict:
+def evaluate(engine_sampled, engine_greedy, seeds, rng, share: HostShare | None = None, decision_fn=None,
+             progress: Callable[[str, int], OnDone] | None = None) -> dict:
   """`eval/success` (sampled) and, given a greedy engine, `eval/greedy_success`; returns, turns, tokens;
   with the env's `decision_fn`, the shares of its turn-0 decisions (`decision_shares`).
 
   With `share` (several hosts) each host plays its block of the seeds and the
   statistics cover every host's sessions (all hosts must call this together).
+  `progress(which, sessions)`, given, makes the `on_done` hook of this host's
+  `"sampled"` and `"greedy"` plays (e.g. `session_bar`); it sees, never steers.
   """
   def everyone(sessions):
     return sorted(sum(allgather_objects(sessions), []), key=lambda s: s.group_id)
 
-  out = session_stats(everyone(play_share(engine_sampled, seeds, rng, share)), "eval/", decision_fn)
+  def play(engine, which):
+    tasks = len(seeds) if share is None else len(share.indices)
+    hook = None if progress is None else progress(which, tasks * engine.group_size)
+    return everyone(play_share(engine, seeds, rng, share, on_done=hook))
+
+  out = session_stats(play(engine_sampled, "sampled"), "eval/", decision_fn)
   if engine_greedy is not None:
-    out.update(session_stats(everyone(play_share(engine_greedy, seeds, rng, share)), "eval/greedy_", decision_fn))
+    out.update(session_stats(play(engine_greedy, "greedy"), "eval/greedy_", decision_fn))
   return out

@@ -44,7 +44,7 @@ from mtrl_jax.rollout.ownership import host_share
 from mtrl_jax.sampling.sampler import Sampler, SamplingParams
 from mtrl_jax.train import adapters, critic_bar, optim
 from mtrl_jax.train.checkpoint import Checkpointer, abstract_like, read_meta, restore_subtree
-from mtrl_jax.train.evaluate import evaluate
+from mtrl_jax.train.evaluate import evaluate, session_bar
 from mtrl_jax.train.learner import Learner, NonFiniteError
 from mtrl_jax.train.lm_step import LMStepProgram
 from mtrl_jax.train.sft import DemoBatcher
@@ -313,8 +313,10 @@ class Run:
     seeds = [c.eval.seed_offset + i for i in range(tasks or c.eval.tasks)]
     sampled = self._engine(1, self._train_sampling())
     greedy = self._engine(1, SamplingParams(greedy=True)) if c.eval.greedy else None
+    name = "eval" if stage == "eval" else f"{stage} eval"
     out = evaluate(sampled, greedy, seeds, jax.random.key(c.seed + 99),
-                   share=host_share(len(seeds), allow_empty=True), decision_fn=self.learner.decision_fn)
+                   share=host_share(len(seeds), allow_empty=True), decision_fn=self.learner.decision_fn,
+                   progress=lambda which, n: session_bar(name if which == "sampled" else f"{name} {which}", n))
     if write:
       self.writer.write(step, stage, out)
     return out

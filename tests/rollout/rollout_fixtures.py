@@ -81,6 +81,32 @@ class CountEnv(Env):
 
 
 
+class ParityEnv(Env):
+  """Sessions that end at different times, some won: task `seed` lasts 1 + seed % 3 turns and is
+  won when its last action has an even length. Seed 98 shows a 300-character observation (the
+  session ends on the context cap before its first turn), seed 99 fails its reset (env_error):
+  every way a session can end before its first action."""
+
+  def __init__(self):
+    self.max_turns = 3
+
+  def _reset(self, seed):
+    if seed == 99:
+      raise RuntimeError("reset failed")
+    self.length = 1 + seed % 3
+    return Reset("say anything", "x" * 300 if seed == 98 else f"go {seed}")
+
+  def _step(self, action):
+    last = self.turn + 1 == self.length
+    return Step("go on", 0.0, last, False, {"success": last and len(action) % 2 == 0} if last else {})
+
+  def expert_action(self):
+    return "ab"
+
+  def random_action(self, rng: random.Random):
+    return "a" * rng.randrange(3)
+
+
 class ResetLog:
   """What every env reset of a run received: (seed, session) pairs, appended from the env threads."""
 

@@ -53,7 +53,7 @@ SCRIPTED = [dict(explained_variance=0.0, r2=-1.2), dict(explained_variance=0.0, 
 def record(tmp_path_factory):
   """Runs value pretraining (held-out readouts scripted as above) and the RL stage once."""
   workdir = str(tmp_path_factory.mktemp("run"))
-  out = {"workdir": workdir, "fit_calls": [], "seeds": {"train": [], "eval": []}}
+  out = {"workdir": workdir, "fit_calls": [], "seeds": {"train": [], "eval": []}, "bars": []}
   with pytest.MonkeyPatch.context() as mp:
     real_readout = value_pretrain.ValuePretrainer.readout
     rounds = []
@@ -88,6 +88,13 @@ def record(tmp_path_factory):
     mp.setattr(value_pretrain.ValuePretrainer, "fit", fit)
     mp.setattr(RolloutEngine, "run", engine_run)
     mp.setattr(run_lib, "evaluate", evaluate)
+    real_bar = run_lib.session_bar
+
+    def session_bar(label, total, **kw):
+      out["bars"].append((label, total))
+      return real_bar(label, total, **kw)
+
+    mp.setattr(run_lib, "session_bar", session_bar)
 
     run = Run(tiny_config(), workdir)
     L = run.learner
@@ -185,6 +192,15 @@ def test_evaluation_plays_held_out_tasks(record):
   assert not train & evals
   assert all(s in HELD_OUT_SEEDS for s in evals)
   assert not any(s in HELD_OUT_SEEDS for s in train)
+
+
+def test_each_evaluation_draws_its_progress_bar(record):
+  """Issue 39: a long eval shows its sessions ending; every RL-stage evaluation (the baseline and
+  one per update, 4 tasks each, no greedy play) hands the engine a `[rl eval]` bar of 4 sessions.
+
+  Break checked: `Run.evaluate` calling `evaluate` without `progress=` (the eval silent again):
+  no bar is made and the list is empty."""
+  assert record["bars"] == [("rl eval", 4)] * 3
 
 
 def test_resume_restores_the_optimiser_state_exactly(record):
