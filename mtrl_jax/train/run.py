@@ -76,6 +76,7 @@ class Run:
   def __init__(self, c, workdir: str):
     self.c, self.workdir = c, workdir
     self._compiles = Laps()  # what building the run compiles: its first lap, logged as "startup"
+    self._evaluated = None  # (policy leaves, numbers) of the SFT stage's evaluation, for RL's step 0
     initialize_from_config(c.distributed)
     config_lib.validate(c)
     os.makedirs(workdir, exist_ok=True)
@@ -426,7 +427,26 @@ class Run:
     self._reset_policy_opt()
     if self.learner.ref_params is not None:
       self.learner.ref_params = self.learner.snapshot_ref()
-    return self.evaluate(s.steps, "sft")
+    out = self.evaluate(s.steps, "sft")
+    self._evaluated = (self._policy_leaves(), out)
+    return out
+
+  def _policy_leaves(self) -> list:
+    """The policy's parameter arrays, by identity: jax arrays are immutable, so the same objects are
+    the same policy (a critic-head run swaps them inside the policy dict, which a check of the dict
+    alone would miss)."""
+    return jax.tree.leaves(self.learner.state.policy)
+
+  def _eval_of_this_policy(self) -> dict | None:
+    """The SFT stage's evaluation when the policy has not changed since (value pretraining of a
+    separate critic leaves it as it was): RL's step-0 evaluation is then the same numbers, and on a
+    CPU a real model's evaluation takes tens of minutes (issue 39)."""
+    if self._evaluated is None:
+      return None
+    leaves, out = self._evaluated
+    now = self._policy_leaves()
+    same = len(now) == len(leaves) and all(a is b for a, b in zip(now, leaves))
+    return out if same else None
 
   def _set_policy(self, params, sampler_only, opt):
     st = self.learner.state
@@ -487,8 +507,13 @@ class Run:
     tokens_seen = float(self.meta.get("tokens_seen", 0.0))
     step = start
     try:
-      if start == 0:
-        self.evaluate(0, "rl")  # the warm-started policy: the baseline of the curve
+      if start == 0:  # the warm-started policy: the baseline of the curve
+        done = self._eval_of_this_policy()
+        if done is not None:
+          say("rl: step-0 evaluation = the SFT stage's (the policy is unchanged since)")
+          self.writer.write(0, "rl", done)
+        else:
+          self.evaluate(0, "rl")
       for step in range(start, rl.steps):
         if budget and tokens_seen >= budget:
           say(f"rl: token budget {budget:.0f} spent after {step} updates ({tokens_seen:.0f} tokens)")
