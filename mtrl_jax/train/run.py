@@ -500,7 +500,7 @@ class Run:
     else:
       source = SyncSource(engine, seed=c.seed, tasks_per_update=rl.tasks_per_update,
                           dynamic_sampling=rl.dynamic_sampling, max_resample_rounds=rl.max_resample_rounds,
-                          share=share)
+                          share=share, progress=None if c.rollout.tree.enabled else session_bar)
     prog = Progress("rl", rl.steps, start)
     nan_at = set(int(x) for x in c.debug.nan_at_updates)
     last = {}

@@ -43,8 +43,11 @@ class SyncSource:
   """
 
   def __init__(self, engine, *, seed: int, tasks_per_update: int, dynamic_sampling: bool = False,
-               max_resample_rounds: int = 0, share: HostShare | None = None):
+               max_resample_rounds: int = 0, share: HostShare | None = None, progress=None):
     self.engine, self.seed, self.tasks = engine, seed, tasks_per_update
+    # progress(label, total) -> the engine's on_done hook (evaluate.session_bar): an update's sessions
+    # can take minutes on a CPU with a real model; None for an engine without the hook (trees).
+    self.progress = progress
     self.dynamic_sampling, self.max_rounds = dynamic_sampling, max_resample_rounds
     self.share = share or host_share(tasks_per_update, 0, 1)
     self.key = jax.random.key(seed)
@@ -54,8 +57,12 @@ class SyncSource:
     js = self.share.indices
     # Redraw rounds (dynamic sampling) get their own block of group ids.
     first = (step * (self.max_rounds + 1) + r) * self.tasks
+    watch = {}
+    if self.progress is not None:
+      label = f"rl rollout {step + 1}" + (f" round {r + 1}" if r else "")
+      watch["on_done"] = self.progress(label, len(js) * self.engine.group_size)
     return self.engine.run([seeds[j] for j in js], group_keys=[group_key(self.key, step, j, r) for j in js],
-                           group_ids=[first + j for j in js])
+                           group_ids=[first + j for j in js], **watch)
 
   def next_batch(self, step: int) -> tuple[list[Session], dict]:
     res = self._round(step, 0)

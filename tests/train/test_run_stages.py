@@ -194,13 +194,15 @@ def test_evaluation_plays_held_out_tasks(record):
   assert not any(s in HELD_OUT_SEEDS for s in train)
 
 
-def test_each_evaluation_draws_its_progress_bar(record):
-  """Issue 39: a long eval shows its sessions ending; every RL-stage evaluation (the baseline and
-  one per update, 4 tasks each, no greedy play) hands the engine a `[rl eval]` bar of 4 sessions.
+def test_each_evaluation_and_rollout_draws_its_progress_bar(record):
+  """Issue 39: a long eval or update shows its sessions ending; every RL-stage evaluation (the baseline
+  and one per update, 4 tasks each, no greedy play) hands the engine a `[rl eval]` bar of 4 sessions,
+  and each update's rollout an `[rl rollout k]` bar of its 2 tasks x 4 sessions.
 
-  Break checked: `Run.evaluate` calling `evaluate` without `progress=` (the eval silent again):
-  no bar is made and the list is empty."""
-  assert record["bars"] == [("rl eval", 4)] * 3
+  Breaks checked: `Run.evaluate` calling `evaluate` without `progress=` (the eval silent again), and
+  the RL source built without `progress=` (the rollouts silent): the bars are missing from the list."""
+  assert record["bars"] == [("rl eval", 4), ("rl rollout 1", 8), ("rl eval", 4), ("rl rollout 2", 8),
+                            ("rl eval", 4)]
 
 
 def test_resume_restores_the_optimiser_state_exactly(record):
