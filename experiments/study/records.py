@@ -2,6 +2,7 @@
 
   python -m experiments.study.records --root ROOT [--out docs/study]  # records of every finished run in ROOT
   python -m experiments.study.records --ceilings                      # every probe's ceiling (no run needed)
+  python -m experiments.study.records --ceilings --round 3            # round 3's, per seed, into docs/study3
 
 The study's runner (runner.py) writes a run's record when the run finishes (and a warm
 start's, a critic warm start's); this command writes them for a root run
@@ -10,7 +11,8 @@ before that, or again. Layout under OUT:
   runs/<cell name>/seed=<s>.json     kind "run"
   critics/<warm start>,seed=<s>.json kind "critic" (value pretraining's final readout)
   warm/<warm start>.json             kind "warm" (the probe table's behaviour-cloning eval)
-  ceilings/<warm start>.json         kind "ceiling" (the expert policy's success on the eval tasks)
+  ceilings/<warm start>.json         kind "ceiling" (the expert policy's success on the eval tasks; round 3's
+                                     per seed, its draws being the seed's)
 
 A run record (schema 1) holds the cell's configs/study.py arguments, the
 config values the study varies or reports, the code the run was made with
@@ -35,7 +37,7 @@ import numpy as np
 
 from experiments.plot import rl_curves
 from experiments.study import stats
-from experiments.study.plan import PROBES
+from experiments.study.plan import PROBES, SEEDS, cell_name, warm_name
 from mtrl_jax.metrics import read_metrics
 
 SCHEMA = 1
@@ -187,8 +189,27 @@ def ceiling(env_name: str, kwargs: dict, seeds) -> float | None:
   return wins / len(seeds)
 
 
+def decision_shares(line: dict) -> dict:
+  """The eval's turn-0 decision shares in a metrics line (train/evaluate.py's decision_shares), sampled and
+  greedy: {"decision_cued", "decision_uncued", "greedy_decision_cued", ...}; {} for an env without a cue.
+
+  The eval writes a decision's share only when some session took it; with a cue every session is cued or
+  uncued (envs/delayed.py: a reply that is not an arm plays the uncued one), so where one is written the
+  other's absence means 0 (a warm start that never follows the sign has no `eval/decision_cued`)."""
+  out = {}
+  for pre in ("", "greedy_"):
+    got = {d: line.get(f"eval/{pre}decision_{d}") for d in ("cued", "uncued")}
+    if any(v is not None for v in got.values()):
+      out.update({f"{pre}decision_{d}": 0.0 if v is None else float(v) for d, v in got.items()})
+  return out
+
+
 def warm_record(workdir: str, name: str, prov: dict | None = None) -> dict | None:
-  """A warm start's behaviour-cloning eval (the probe table) and the probe's ceiling, or None when unfinished."""
+  """A warm start's behaviour-cloning eval (the probe table) and the probe's ceiling, or None when unfinished.
+
+  With a cue (round 3's delayed) it also keeps how often the eval's turn-0 arm follows the sign, sampled and
+  greedy (`decision_shares`). Its `ceiling` is read with the warm start's own env (draw_seed 0, no format
+  penalty); round 3's table reads the ceiling records instead (ceiling_record: the RL cells' env per seed)."""
   sft = [r for r in read_metrics(workdir) if r.get("stage") == "sft" and r.get("eval/success") is not None]
   if not sft:
     return None
@@ -198,19 +219,48 @@ def warm_record(workdir: str, name: str, prov: dict | None = None) -> dict | Non
          if env.get("name") and off is not None else None)
   return {"schema": SCHEMA, "kind": "warm", "warm": name, **(prov or provenance()),
           "sft_steps": (cfg.get("sft") or {}).get("steps"), "success": _f(sft[-1]["eval/success"]),
-          "greedy_success": _f(sft[-1].get("eval/greedy_success")), "ceiling": top,
+          "greedy_success": _f(sft[-1].get("eval/greedy_success")), **decision_shares(sft[-1]), "ceiling": top,
           "ceiling_tasks": CEILING_TASKS if top is not None else None,
           "wall_s": (_json(os.path.join(workdir, "wall.json")) or {}).get("wall_s")}
 
 
-def ceiling_record(probe: str, horizon: int, prov: dict | None = None) -> dict:
-  """The probe's ceiling on the RL cells' eval tasks, from its configs/study.py RL config (no run needed)."""
+def ceiling_record(probe: str, horizon: int, prov: dict | None = None, args: dict | None = None,
+                   seeds=SEEDS) -> dict:
+  """The probe's ceiling on the RL cells' eval tasks, from its configs/study.py RL config (no run needed).
+
+  `args`: the RL cells' other arguments that shape the env (round 3's round3.base: cue=true, draws=true); the
+  record is then named for their warm start (plan.warm_name, as its warm record is) and read per seed: with
+  draws the eval's hidden draws are the run's seed's (draw_seed = seed), so the expert plays each of `seeds`
+  on its own cells' env: "per_seed" (in the order of "seeds") and their mean, "ceiling". Without `args`: the
+  second round's record, as it always was (one config, seed 0)."""
   from configs.study import get_config
-  c = get_config(f"probe={probe},horizon={horizon}")
-  off = int(c.eval.seed_offset)
-  top = ceiling(c.env.name, c.env.kwargs.to_dict(), range(off, off + int(c.eval.tasks)))
-  return {"schema": SCHEMA, "kind": "ceiling", "warm": f"probe={probe},horizon={horizon}", **(prov or provenance()),
-          "ceiling": top, "tasks": int(c.eval.tasks), "seed_offset": off}
+  if not args:
+    c = get_config(f"probe={probe},horizon={horizon}")
+    off = int(c.eval.seed_offset)
+    top = ceiling(c.env.name, c.env.kwargs.to_dict(), range(off, off + int(c.eval.tasks)))
+    return {"schema": SCHEMA, "kind": "ceiling", "warm": f"probe={probe},horizon={horizon}",
+            **(prov or provenance()), "ceiling": top, "tasks": int(c.eval.tasks), "seed_offset": off}
+  cell = cell_name({"probe": probe, "horizon": horizon, **args})  # the arm is any: the env is every arm's
+  configs = [get_config(f"{cell},seed={s}") for s in seeds]
+  (off, tasks), = {(int(c.eval.seed_offset), int(c.eval.tasks)) for c in configs}  # one task set for all seeds
+  per_seed = [ceiling(c.env.name, c.env.kwargs.to_dict(), range(off, off + tasks)) for c in configs]
+  top = None if None in per_seed else float(np.mean(per_seed))
+  return {"schema": SCHEMA, "kind": "ceiling", "warm": warm_name(probe, horizon, cue=bool(args.get("cue"))),
+          **(prov or provenance()), "ceiling": top, "tasks": tasks, "seed_offset": off, "args": dict(args),
+          "seeds": [int(s) for s in seeds], "per_seed": per_seed}
+
+
+def round3_ceilings(out: str, warms=None, prov: dict | None = None, missing_only: bool = False) -> list[str]:
+  """Writes the ceiling record of each of round 3's probes (round3.probes; `warms`: only these warm starts)
+  under `out` over the plan's seeds; `missing_only`: not where one is already written. Returns the paths."""
+  from experiments.study import round3
+  seeds = sorted({s for e in round3.EXPERIMENTS for s in e.seeds})
+  todo = {w: env for w, env in round3.probes().items() if (warms is None or w in warms)
+          and not (missing_only and os.path.exists(os.path.join(out, "ceilings", f"{w}.json")))}
+  prov = prov or (provenance() if todo else None)
+  return [write(out, ceiling_record(env["probe"], env["horizon"], prov,
+                                    {k: v for k, v in env.items() if k not in ("probe", "horizon")}, seeds))
+          for env in todo.values()]
 
 
 def path_of(out: str, rec: dict) -> str:
@@ -279,9 +329,18 @@ def export(root: str, out: str = DEFAULT_OUT, cells: dict | None = None) -> dict
 def main(argv=None) -> dict:
   p = argparse.ArgumentParser(prog="python -m experiments.study.records", description=__doc__.split("\n\n")[0])
   p.add_argument("--root", default="", help="a study root (python -m experiments.study --root)")
-  p.add_argument("--out", default=DEFAULT_OUT)
+  p.add_argument("--out", default=None, help=f"default {os.path.relpath(DEFAULT_OUT, REPO)}; with --round 3 "
+                                                f"{os.path.relpath(ROUND3_RECORDS, REPO)}")
   p.add_argument("--ceilings", action="store_true", help="(no --root needed) write every probe's ceiling record")
+  p.add_argument("--round", type=int, choices=(2, 3), default=2,
+                 help="--ceilings: 3 writes round 3's (round3.probes: the RL cells' env, per seed)")
   a = p.parse_args(argv)
+  if a.out is None:
+    a.out = ROUND3_RECORDS if a.round == 3 else DEFAULT_OUT
+  if a.ceilings and a.round == 3:
+    n = {"ceilings": round3_ceilings(a.out)}
+    print(json.dumps(n))
+    return n
   if a.ceilings:
     prov = provenance()
     n = {"ceilings": [write(a.out, ceiling_record(pr, h, prov)) for pr, h in PROBES]}

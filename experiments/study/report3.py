@@ -8,7 +8,8 @@ line (verdicts.claim_lines, with each side's critic state: graded.critic_words),
 ladders and the bound they put on an unresolved claim (graded.py, which replaces the second round's
 binary q=1 control here: the experiments' `controls` are dropped before testing, so no claim reads
 "underpowered" from it), the pre-registered interaction in its own Holm family (interaction.py), and the
-critics before RL (tables.critic_warm_table). E6 reads round3.E6_REASON, TextWorld round3.TEXTWORLD_NOTE.
+critics before RL (tables.critic_warm_table), the probe's warm start at its decisive turn beside the ceiling
+(tables.cue_probe_table, from the warm and ceiling records). E6 reads round3.E6_REASON, TextWorld round3.TEXTWORLD_NOTE.
 The same records give the same STUDY3.md, byte for byte, but for the date line; the last line printed
 is one JSON object with every verdict.
 """
@@ -23,7 +24,7 @@ from experiments.study import records as records_mod
 from experiments.study.plan import CODE_MAY_DIFFER
 from experiments.study.prose import cost
 from experiments.study.tables import (TEST_HEADER, _table, cell_table, comparison_rows, critic_table,
-                                      critic_warm_table, format_check)
+                                      critic_warm_table, cue_probe_table, format_check)
 from experiments.study.verdicts import cell_stats, claim_lines, identical, study_tests
 from experiments.study.versions import CodeCheck
 
@@ -188,6 +189,8 @@ def report(records_dir: str, out: str, date: str | None = None, experiments=None
       f"and AUC); the pre-registered interaction, apart: {families or 'none'}.",
       cost(got),
       "## The code behind the records\n\n" + code.section(got),
+      "## The probe: the warm start at the decisive turn and the ceiling\n\n"
+      + cue_probe_table(got["warm"], got["ceilings"], round3.probes(exps)),
       "## The critics before RL\n\n" + critic_warm_table(got["critics"], states=True),
       graded.section(ran, cstats, items, lad).rstrip(),
       interaction_section(inter),

@@ -81,6 +81,23 @@ def base(h: int) -> dict:
   return {"probe": "delayed", "horizon": h, "cue": True, "draws": True}
 
 
+# The cell arguments that make a probe's env (configs/study.py): what its ceiling is measured with.
+ENV_ARGS = ("probe", "horizon", "cue", "draws")
+
+
+def probes(experiments=None) -> dict[str, dict]:
+  """The plan's probes, in the order the cells name them: each policy warm start -> the env arguments its RL
+  cells share (ENV_ARGS), the probe table's rows and what their ceilings are read with
+  (records.ceiling_record). `experiments`: EXPERIMENTS unless given."""
+  out: dict = {}
+  for e in EXPERIMENTS if experiments is None else experiments:
+    for c in e.cells:
+      env = {k: c.full[k] for k in ENV_ARGS}
+      if out.setdefault(c.warm, env) != env:  # one warm start's cells on two envs: which ceiling is its?
+        raise ValueError(f"{e.id}: `{c.label}` plays {env}, other cells of {c.warm} {out[c.warm]}")
+  return out
+
+
 def label(arm: str, h: int, critic: str = "") -> str:
   return f"{arm} {critic} h{h}" if critic else f"{arm} h{h}"
 

@@ -34,7 +34,7 @@ estimate: plan.py's SMOL_HORIZONS). Its runs, warm starts, critic warm starts an
 
 The third round (issue 41; round3.py, pre-registered): `--round 3` runs its plan the same way (policy warm
 starts of delayed(cue) per horizon, a full and a partial critic warm start each, then the runs), with
-records in docs/study3/ by default:
+records in docs/study3/ by default (and, first, the ceiling record of each probe it runs, if absent):
 
   python -m experiments.study --round 3 --root /tmp/study3 --dry_run     # its jobs, listed
 """
@@ -206,6 +206,9 @@ def main(argv=None) -> int:
   with open(os.path.join(root, "study.json"), "a") as f:
     f.write(json.dumps({"time": time.strftime("%Y-%m-%d %H:%M:%S"), "argv": sys.argv[1:] if argv is None
                         else list(argv), "runs": len(run_jobs), "warm": len(warm_jobs)}) + "\n")
+  if a.round == 3 and a.records:  # the probe table's ceilings (the RL cells' env per seed): seconds, no run
+    for path in records.round3_ceilings(a.records, warms, missing_only=True):
+      print(f"study: ceiling record {path}", flush=True)
   warm_todo = [j for j in warm_jobs if not _warm_done(j[2])]
   print(f"study: {len(warm_todo)} of {len(warm_jobs)} warm starts to build, parallel={a.parallel}", flush=True)
   def record(name, workdir):  # the record of a finished job, in the repo (records.py)

@@ -238,6 +238,31 @@ def probe_table(warm: dict, ceilings: dict) -> str:
                    rows))
 
 
+def cue_probe_table(warm: dict, ceilings: dict, names) -> str:
+  """Round 3's probe table: per warm start in `names` (round3.probes), the warm start at the decisive turn
+  (turn 0) beside the ceiling, which is read per seed (the cells' draws are the seed's)."""
+  rows = []
+  for name in names:
+    r, top = warm.get(name) or {}, ceilings.get(name) or {}
+    per = [x for x in top.get("per_seed") or [] if x is not None]
+    span = (f"{top['ceiling']:.3f} [{min(per):.3f}, {max(per):.3f}] ({len(per)} seeds)"
+            if per and top.get("ceiling") is not None else _num(top.get("ceiling"), "{:.3f}"))
+    kv = dict(p.split("=", 1) for p in name.split(",") if "=" in p)
+    rows.append([kv.get("horizon", name), r.get("sft_steps", "—"), *(
+        _num(r.get(k), "{:.3f}") for k in ("success", "greedy_success", "decision_cued", "greedy_decision_cued")),
+        span])
+  return ("The warm start is behaviour cloning on quality-0.5 demos of `delayed(cue=True)`, one per horizon "
+          "shared by the seeds (a dash: no record). Sampled / greedy success is the warm start's own eval "
+          "on 64 held-out tasks, replies sampled at the rollout temperature / taken greedily. Sampled / greedy "
+          "follows the sign is the share of those eval sessions whose turn-0 arm, the decisive turn, is the one "
+          "the sign shows (the sign is left or right at random per task, so a policy blind to it follows it "
+          "about half the time). The ceiling is the expert policy's success on the RL cells' 256 eval tasks "
+          "with the cells' env (the cue, hidden draws salted by the seed), played as the eval plays them (task "
+          "j as session j, reproducible): the mean over the seeds, [the lowest, the highest seed].\n\n"
+          + _table(["horizon", "BC steps", "sampled success", "greedy success", "sampled follows the sign",
+                    "greedy follows the sign", "ceiling (mean [seed range])"], rows))
+
+
 def critic_state_word(kv: dict) -> str:
   """A critic warm start's state, from its name's `vpr` (round 3's partial critic: value pretraining stopped
   at that ratio of the oracle's EV), else the bar."""

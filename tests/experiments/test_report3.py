@@ -119,6 +119,31 @@ def test_the_ladders_e6_textworld_and_the_critics_before_rl_are_printed(fx):
   assert "| delayed | 8 | partial (stopped at 0.45 x the oracle's EV) | 0 | 160 |" in crit
 
 
+def test_the_probe_table_shows_the_warm_starts_turn_0_shares_beside_the_per_seed_ceiling(fx):
+  """The probe section: per horizon of the plan's probes (round3.probes: 2, 8, 32 in the fixture), the warm
+  record's sampled and greedy success and sampled and greedy share following the sign at turn 0, beside the
+  ceiling record's mean over seeds with its seed range (h2's real ceiling record over seeds 0 and 1: 0.949 and
+  0.957); a horizon without records reads dashes.
+
+  Breaks checked: report3 without the section; the table's sampled share read from `decision_uncued`; the
+  ceiling column from the warm record's own ceiling (its warm env, draw_seed 0: 0.949) instead of the
+  ceiling record."""
+  h2 = round3.gae_cell("gae_lambda1", 2, "none").warm
+  records.write(fx["dir"], {"schema": records.SCHEMA, "kind": "warm", "warm": h2, "commit": "c0ffee",
+                            "sft_steps": 600, "success": 0.5, "greedy_success": 0.25, "decision_cued": 0.484,
+                            "decision_uncued": 0.516, "greedy_decision_cued": 0.5, "greedy_decision_uncued": 0.5,
+                            "ceiling": 0.94921875, "ceiling_tasks": 256, "wall_s": None})
+  records.write(fx["dir"], records.ceiling_record("delayed", 2, {"commit": "c0ffee"}, {"cue": True, "draws": True},
+                                                  (0, 1)))
+  _, text = run(fx["dir"], str(fx["tmp"] / "probe.md"), fx["exps"])
+  table = text.split("## The probe: the warm start at the decisive turn and the ceiling\n\n")[1].split("\n## ")[0]
+  assert ("| horizon | BC steps | sampled success | greedy success | sampled follows the sign | greedy follows the "
+          "sign | ceiling (mean [seed range]) |") in table
+  assert "| 2 | 600 | 0.500 | 0.250 | 0.484 | 0.500 | 0.953 [0.949, 0.957] (2 seeds) |" in table.splitlines()
+  assert "| 8 | — | — | — | — | — | — |" in table.splitlines() and "| 32 | — |" in table
+  assert "turn-0 arm, the decisive turn, is the one the sign shows" in table
+
+
 def test_the_interaction_family_is_reported_apart_from_the_claims(fx, tmp_path):
   """F's tests in the headline and their own table: H8 reproduced with the mean double difference
   (+0.100), H32 inconclusive at its MDE; the family's size (4 p-values) beside the claims'; the claims'
