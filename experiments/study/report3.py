@@ -8,8 +8,9 @@ line (verdicts.claim_lines, with each side's critic state: graded.critic_words),
 ladders and the bound they put on an unresolved claim (graded.py, which replaces the second round's
 binary q=1 control here: the experiments' `controls` are dropped before testing, so no claim reads
 "underpowered" from it), the pre-registered interaction in its own Holm family (interaction.py), and the
-critics before RL (tables.critic_warm_table), the probe's warm start at its decisive turn beside the ceiling
-(tables.cue_probe_table, from the warm and ceiling records). E6 reads round3.E6_REASON, TextWorld round3.TEXTWORLD_NOTE.
+critics before RL (tables.critic_warm_table), the probe's warm start at its decisive turn beside the
+ceiling (tables.cue_probe_table, from the warm and ceiling records). E6 reads round3.E6_REASON, TextWorld
+round3.TEXTWORLD_NOTE.
 The same records give the same STUDY3.md, byte for byte, but for the date line; the last line printed
 is one JSON object with every verdict.
 """

@@ -42,7 +42,7 @@ def test_round_3s_ceiling_is_the_expert_on_each_seeds_own_draws_and_reproducible
   Breaks checked: ceiling_record building `probe=...,horizon=...` only (round 2's env, whatever the args)
   fails the hand loop (0.949 on every seed, where seeds 1-3 read 0.957, 0.938, 0.945); the seed left out of
   the config string (draw_seed 0 on every seed) fails it the same; records.ceiling resetting without the
-  session id (system entropy) fails the second call's equality."""
+  session id (system entropy: not reproducible) fails it too, before the second call's equality."""
   seeds = (0, 1, 2, 3)
   rec = records.ceiling_record("delayed", 2, PROV, {"cue": True, "draws": True}, seeds)
   hand = [_expert(s) for s in seeds]
@@ -66,6 +66,21 @@ def test_round_2s_ceiling_record_is_written_as_before(tmp_path):
   prov = {"commit": json.loads(committed)["commit"]}
   written = records.write(str(tmp_path), records.ceiling_record("bifurcation", 8, prov))
   assert open(written).read() == committed
+
+
+def test_the_ceilings_command_writes_round_3s_probes(tmp_path, monkeypatch, capsys):
+  """`python -m experiments.study.records --ceilings --round 3 --out O` (in process): one record per probe of
+  round 3's plan (delayed(cue) at H 2, 8, 32), each over the plan's 8 seeds, its paths printed as the JSON line.
+
+  Break checked: main without its `--round 3` branch writes round 2's probes (here the one cheap probe the
+  test leaves in records.PROBES) and fails the names."""
+  monkeypatch.setattr(records, "PROBES", (("bifurcation", 2),))
+  out = str(tmp_path / "out")
+  n = records.main(["--ceilings", "--round", "3", "--out", out])
+  assert json.loads(capsys.readouterr().out.strip().splitlines()[-1]) == n
+  got = records.load(out)["ceilings"]
+  assert list(got) == [f"probe=delayed,horizon={h},cue=true" for h in (2, 32, 8)]  # load's order: sorted paths
+  assert all(r["seeds"] == list(range(8)) and len(r["per_seed"]) == 8 for r in got.values())
 
 
 def _warm_workdir(path, line: dict) -> str:
