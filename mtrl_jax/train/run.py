@@ -76,7 +76,7 @@ class Run:
   def __init__(self, c, workdir: str):
     self.c, self.workdir = c, workdir
     self._compiles = Laps()  # what building the run compiles: its first lap, logged as "startup"
-    self._evaluated = None  # (policy leaves, numbers) of the SFT stage's evaluation, for RL's step 0
+    self._evaluated = None  # (policy leaves, tasks, numbers) of the last evaluation (_done_eval)
     initialize_from_config(c.distributed)
     config_lib.validate(c)
     os.makedirs(workdir, exist_ok=True)
@@ -310,14 +310,20 @@ class Run:
 
   def evaluate(self, step: int, stage: str, tasks: int | None = None, write: bool = True) -> dict:
     c = self.c
-    self._sync_sampler()
-    seeds = [c.eval.seed_offset + i for i in range(tasks or c.eval.tasks)]
-    sampled = self._engine(1, self._train_sampling())
-    greedy = self._engine(1, SamplingParams(greedy=True)) if c.eval.greedy else None
+    n = tasks or c.eval.tasks
     name = "eval" if stage == "eval" else f"{stage} eval"
-    out = evaluate(sampled, greedy, seeds, jax.random.key(c.seed + 99),
-                   share=host_share(len(seeds), allow_empty=True), decision_fn=self.learner.decision_fn,
-                   progress=lambda which, n: session_bar(name if which == "sampled" else f"{name} {which}", n))
+    out = self._done_eval(n)
+    if out is not None:
+      say(f"{name}: this policy was evaluated on these {n} tasks already; its numbers are reused")
+    else:
+      self._sync_sampler()
+      seeds = [c.eval.seed_offset + i for i in range(n)]
+      sampled = self._engine(1, self._train_sampling())
+      greedy = self._engine(1, SamplingParams(greedy=True)) if c.eval.greedy else None
+      out = evaluate(sampled, greedy, seeds, jax.random.key(c.seed + 99),
+                     share=host_share(len(seeds), allow_empty=True), decision_fn=self.learner.decision_fn,
+                     progress=lambda which, k: session_bar(name if which == "sampled" else f"{name} {which}", k))
+      self._evaluated = (self._policy_leaves(), n, out)
     if write:
       self.writer.write(step, stage, out)
     return out
@@ -427,9 +433,7 @@ class Run:
     self._reset_policy_opt()
     if self.learner.ref_params is not None:
       self.learner.ref_params = self.learner.snapshot_ref()
-    out = self.evaluate(s.steps, "sft")
-    self._evaluated = (self._policy_leaves(), out)
-    return out
+    return self.evaluate(s.steps, "sft")
 
   def _policy_leaves(self) -> list:
     """The policy's parameter arrays, by identity: jax arrays are immutable, so the same objects are
@@ -437,15 +441,15 @@ class Run:
     alone would miss)."""
     return jax.tree.leaves(self.learner.state.policy)
 
-  def _eval_of_this_policy(self) -> dict | None:
-    """The SFT stage's evaluation when the policy has not changed since (value pretraining of a
-    separate critic leaves it as it was): RL's step-0 evaluation is then the same numbers, and on a
-    CPU a real model's evaluation takes tens of minutes (issue 39)."""
+  def _done_eval(self, tasks: int) -> dict | None:
+    """The last evaluation's numbers when it played these `tasks` with the policy as it is now: RL's
+    step 0 after SFT, and the final stage after RL's last update, are the same policy on the same
+    held-out tasks with the same key, and a real model's evaluation on a CPU takes tens of minutes."""
     if self._evaluated is None:
       return None
-    leaves, out = self._evaluated
+    leaves, n, out = self._evaluated
     now = self._policy_leaves()
-    same = len(now) == len(leaves) and all(a is b for a, b in zip(now, leaves))
+    same = n == tasks and len(now) == len(leaves) and all(a is b for a, b in zip(now, leaves))
     return out if same else None
 
   def _set_policy(self, params, sampler_only, opt):
@@ -507,13 +511,8 @@ class Run:
     tokens_seen = float(self.meta.get("tokens_seen", 0.0))
     step = start
     try:
-      if start == 0:  # the warm-started policy: the baseline of the curve
-        done = self._eval_of_this_policy()
-        if done is not None:
-          say("rl: step-0 evaluation = the SFT stage's (the policy is unchanged since)")
-          self.writer.write(0, "rl", done)
-        else:
-          self.evaluate(0, "rl")
+      if start == 0:
+        self.evaluate(0, "rl")  # the warm-started policy: the baseline of the curve
       for step in range(start, rl.steps):
         if budget and tokens_seen >= budget:
           say(f"rl: token budget {budget:.0f} spent after {step} updates ({tokens_seen:.0f} tokens)")

@@ -1,9 +1,10 @@
-"""RL's step-0 evaluation reuses the SFT stage's when the policy has not changed in between.
+"""An evaluation of a policy already evaluated on the same tasks reuses the numbers.
 
-The SFT stage ends with an evaluation of its policy, and the RL stage begins with one of its warm start:
-in one process that is the same policy on the same held-out tasks, and for a real model on a CPU each
-evaluation costs tens of minutes (SmolLM2 on BabyAI: ~20, issue 39). Run keeps the SFT evaluation with
-the identity of the policy's arrays and writes it as RL's step 0 while they are the same objects.
+The SFT stage ends with an evaluation of its policy and the RL stage begins with one of its warm start;
+RL's last update is evaluated and the final stage evaluates the same policy again. In one process these
+are the same policy on the same held-out tasks with the same key, and for a real model on a CPU each
+evaluation costs tens of minutes (SmolLM2 on BabyAI: ~9-20, issue 39). Run keeps the last evaluation
+with the identity of the policy's arrays and the task count (Run._done_eval).
 """
 import json
 import os
@@ -34,7 +35,7 @@ def tiny_config():
   return c
 
 
-def _run(tmp_path, monkeypatch, perturb: bool):
+def _run(tmp_path, monkeypatch, perturb: bool, final_stage: bool = False, tasks: int = 64):
   calls = []
   real = run_lib.evaluate
 
@@ -48,8 +49,12 @@ def _run(tmp_path, monkeypatch, perturb: bool):
       st = self.learner.state
       self.learner.state = st._replace(policy=jax.tree.map(lambda x: x + jnp.asarray(0.5, x.dtype), st.policy))
     monkeypatch.setattr(Run, "stage_value_pretrain", nudge)
-  workdir = str(tmp_path / ("nudged" if perturb else "plain"))
-  Run(tiny_config(), workdir).run()
+  workdir = str(tmp_path / f"{'nudged' if perturb else 'plain'}{tasks}")
+  c = tiny_config()
+  if final_stage:  # the final stage plays max(eval.tasks, 64) tasks: 64 here, as RL's evaluations
+    c.stages = (*c.stages, "eval")
+    c.eval.tasks = tasks
+  Run(c, workdir).run()
   recs = [json.loads(line) for line in open(os.path.join(workdir, "metrics.jsonl"))]
   evals = {(r["stage"], r["step"]): r for r in recs if "eval/success" in r}
   return calls, evals
@@ -71,3 +76,21 @@ def test_a_changed_policy_is_evaluated_again(tmp_path, monkeypatch):
   calls, evals = _run(tmp_path, monkeypatch, perturb=True)
   assert len(calls) == 3
   assert ("rl", 0) in evals
+
+
+def test_the_final_stage_reuses_the_last_rl_evaluation_and_a_different_task_count_does_not(tmp_path, monkeypatch):
+  """Catches: the final stage evaluating RL's last policy again on the same 64 tasks (3 evaluations,
+  not 2), or writing other numbers as the final ones."""
+  calls, evals = _run(tmp_path, monkeypatch, perturb=False, final_stage=True)
+  assert len(calls) == 2  # SFT's (= RL's step 0) and RL's after its one update (= the final stage's)
+  last, final = evals[("rl", 1)], evals[("eval", 1)]
+  assert {k: v for k, v in last.items() if k.startswith("eval/")} == \
+         {k: v for k, v in final.items() if k.startswith("eval/")}
+
+
+def test_the_final_stage_on_more_tasks_than_rl_evaluates_again(tmp_path, monkeypatch):
+  """Catches: reusing an evaluation of the same policy on a different number of tasks (RL's evaluations
+  play 4, the final stage max(4, 64) = 64): 2 evaluations instead of 3, and the final numbers RL's."""
+  calls, evals = _run(tmp_path, monkeypatch, perturb=False, final_stage=True, tasks=4)
+  assert len(calls) == 3
+  assert ("eval", 1) in evals
