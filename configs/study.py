@@ -34,6 +34,9 @@ Args:
            the decision is learned from the observation, not inherited from the warm start)
   draws    delayed/revisit: the hidden draws salted by the seed (draw_seed = seed in the critic and rl
            stages, so eval draws differ between seeds; a warm start keeps draw_seed 0)
+  epochs, mb  RL's passes over each update's sessions and minibatches per pass: epochs x mb Adam steps
+           an update (1 x 1, the second round's recipe: 32 steps in a whole run; docs/STUDY_ROUND3.md's
+           recipe pilot: 8 x 4 learns delayed(cue)'s decision at H=8 where 1 x 1 does not)
   vpr      > 0: value pretraining stops once the critic's EV reaches this ratio of the oracle's (a
            deliberately partial critic, value_pretrain.stop_at_ratio); 0 = the defaults (the bar)
   penalty  memory/bifurcation/delayed/revisit: reward -penalty per invalid reply in RL (0.1; 0 = outcome only)
@@ -107,7 +110,7 @@ def get_config(arg=None):
                        "eta": 0, "decoupled": True, "vp": True, "context": "session", "stage": "rl",
                        "seed": 0, "penalty": 0.1, "shuffle": False, "runlocal": False, "tpa": 1,
                        "crn": False, "model": "byte", "hf_dir": "",
-                       "dshuffle": 0.0, "cue": False, "draws": False, "vpr": 0.0})
+                       "dshuffle": 0.0, "cue": False, "draws": False, "vpr": 0.0, "epochs": 1, "mb": 1})
   if a["model"] not in MODELS:
     raise ValueError(f"model={a['model']!r}: choose one of {MODELS}")
   if a["hf_dir"] and a["model"] != "smol":
@@ -209,7 +212,9 @@ def _byte_cell(a: dict):
   c.rl.steps = 32
   c.rl.tasks_per_update = 8
   c.rl.group_size = 4
-  c.rl.minibatches = 1
+  if a["epochs"] < 1 or a["mb"] < 1:
+    raise ValueError(f"epochs={a['epochs']}, mb={a['mb']}: RL's passes and minibatches an update are >= 1")
+  c.rl.epochs, c.rl.minibatches = int(a["epochs"]), int(a["mb"])
   # 5e-4, from pilots on bifurcation h8 at seeds 100 and 101 (not study seeds), grpo / gae lambda 0.95 /
   # gae lambda 1 (docs/STUDY.md, setup): at 2e-3 and 1e-3 the policy lost the action format within 16
   # updates (invalid replies up to 84% of turns); at 5e-4 and 7e-4 with 32 updates eval success rose

@@ -32,7 +32,9 @@ SEEDS = tuple(range(8))
 DEFAULTS = {"probe": "delayed", "horizon": 8, "arm": "grpo", "lp": -1.0, "lc": -1.0, "eta": 0,
             "decoupled": True, "vp": True, "context": "session", "shuffle": False,
             # The third round's (round3.py): graded control q, the cue probe, seeded draws, a partial critic.
-            "dshuffle": 0.0, "cue": False, "draws": False, "vpr": 0.0}
+            "dshuffle": 0.0, "cue": False, "draws": False, "vpr": 0.0,
+            # RL's passes and minibatches an update (configs/study.py): 1 x 1 is the second round's recipe.
+            "epochs": 1, "mb": 1}
 ALWAYS = ("probe", "horizon", "arm")
 # Every probe task with the horizon its warm start is measured at (the probe table). bifurcation and
 # memory stay in the table only: common random numbers within a group make their horizon irrelevant to

@@ -127,3 +127,21 @@ def test_round_3_cells_set_the_probe_the_critic_and_the_control_they_name():
                      ("vpr=2.0", "vpr=2.0")):
     with pytest.raises(ValueError, match=re.escape(match)):
       get_config(bad)
+
+
+def test_epochs_and_minibatches_reach_the_config_and_name_the_cell_only_when_set():
+  """configs/study.py `epochs` / `mb` (RL's Adam steps an update: epochs x mb; docs/STUDY_ROUND3.md's recipe
+  pilot) set rl.epochs / rl.minibatches, appear in a cell's name when not 1, and leave the name of a cell
+  at the defaults as it was (its records keep their paths).
+
+  Breaks checked: the arguments parsed but not applied (rl.epochs stays 1); plan.DEFAULTS without them
+  (every cell's name gains `epochs=1,mb=1`)."""
+  from experiments.study.plan import Cell
+  c = get_config("probe=delayed,horizon=8,cue=true,epochs=8,mb=4")
+  assert (c.rl.epochs, c.rl.minibatches) == (8, 4)
+  assert (get_config("probe=delayed,horizon=8").rl.epochs, get_config("probe=delayed,horizon=8").rl.minibatches) == (1, 1)
+  assert "epochs=8" in Cell("x", {"probe": "delayed", "horizon": 8, "arm": "ms_grpo", "epochs": 8, "mb": 4}).name
+  plain = Cell("x", {"probe": "delayed", "horizon": 8, "arm": "ms_grpo"}).name
+  assert "epochs" not in plain and "mb=" not in plain
+  with pytest.raises(ValueError, match="epochs=0"):
+    get_config("probe=delayed,epochs=0")
