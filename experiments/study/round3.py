@@ -57,10 +57,12 @@ E5_HORIZONS = (2, 8)
 INTERACTION_FAMILY = "E1 horizon x lambda, partial critic"
 
 RECIPE_NOTE = (
-    "Pre-registered at the second round's recipe. Issue 43's runs saw no learning of the cue at H=8 in 32 "
-    "updates (nor 128) by either GAE or MS-GRPO; if the graded control at a horizon is not detected at q=1, "
-    "that horizon's claims read 'underpowered', and a recipe change there (rl.lr, updates) is a new "
-    "registration, made before its runs, not a re-analysis of these.")
+    "Pre-registered at the second round's recipe (one Adam step an update: rl.epochs 1, rl.minibatches 1). "
+    "Issue 43's runs saw no learning of the cue at H=8 in 32 updates (nor 128) by either GAE or MS-GRPO at it; "
+    "the 2026-11-29 recipe pilot (docs/STUDY_ROUND3.md) learned it at H=8 with 32 Adam steps an update "
+    "(configs/study.py epochs=8, mb=4: following the sign 0.512 -> 0.996, one seed). The plan is to be "
+    "re-registered at that recipe before any of its runs; a recipe change after runs is a new registration, "
+    "not a re-analysis of them.")
 
 E6_REASON = (
     "not tested: no probe in the project has states that recur within and across sessions at different "
