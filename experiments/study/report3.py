@@ -35,8 +35,9 @@ STATS = f"""**Statistics.** As in the second round (docs/STUDY.md's statistics):
 per-seed paired differences A - B of final success and AUC (mean, Student t 95% interval, two-sided paired t p,
 MDE at power 0.8), with Holm over every claim and factor contrast of this round, both metrics. A claim is
 **reproduced** when A > B on some metric after Holm and B > A on none, **not reproduced** when B > A on some
-metric after Holm, **not tested** when a side has no records, its critic is below the bar or its records' code
-differs beyond the allowed files. What changes: an unresolved claim is bounded by the **graded positive
+metric after Holm, **not tested** when a side has no records, its critic is below the bar (a deliberately partial critic:
+outside its registered band {round3.PARTIAL_BAND[0]:g}-{round3.PARTIAL_BAND[1]:g}) or its records' code differs
+beyond the allowed files. What changes: an unresolved claim is bounded by the **graded positive
 control** (below), not the second round's shuffle-everything control: it may read "no difference larger than
 x" (x its MDE) only where x is at or above the smallest control effect the design detected on its probe, on
 every metric it has an MDE on, for every reference that judges it (a GAE-family arm by gae_lambda0.95 with the
