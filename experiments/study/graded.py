@@ -278,6 +278,12 @@ def summary(records_dir: str, experiments=None, code=None) -> dict:
   """The command's JSON line: per ladder ("<probe cell> <arm>[ <critic>]") the smallest detected effect on
   each metric (null: no control separated), or "not tested" where none of its controls could be tested."""
   ran, _, _, lad = _graded(records_dir, experiments, code)
+  return {"records": records_dir, "experiments": [e.id for e in ran], "smallest_detected": smallest_detected(lad)}
+
+
+def smallest_detected(lad: dict) -> dict:
+  """Per ladder ("<probe cell> <arm>[ <critic>]") the smallest detected effect on each metric (null: no
+  control separated), or "not tested" where none of its controls could be tested."""
   smallest = {}
   for ladder in lad.values():
     key = f"{ladder.probe} {' '.join(x for x in ladder.ref if x)}"
@@ -286,7 +292,7 @@ def summary(records_dir: str, experiments=None, code=None) -> dict:
       continue
     rungs = {m: ladder.smallest(m) for m in METRICS}
     smallest[key] = {m: (None if r is None else round(float(r.tests[m][1].mean), 6)) for m, r in rungs.items()}
-  return {"records": records_dir, "experiments": [e.id for e in ran], "smallest_detected": smallest}
+  return smallest
 
 
 def main(argv=None) -> str:

@@ -203,7 +203,7 @@ def report(records_dir: str, out: str, date: str | None = None, experiments=None
   os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
   with open(out, "w") as f:
     f.write(text.rstrip() + "\n")
-  smallest = graded.summary(records_dir, exps, code)["smallest_detected"]
+  smallest = graded.smallest_detected(lad)  # the ladders above: the records are not read twice
   by_family: dict = {}
   for t in inter:
     by_family.setdefault(t["family"], {})[interaction.name(t["cells"])] = t["verdict"]
