@@ -179,6 +179,10 @@ def base_config() -> ml_collections.ConfigDict:
       # sessions whose decision reply was valid each take another drawn session's decision-turn
       # advantage, and a session with an invalid decision reply keeps its own (scope 'all': 1 only).
       shuffle_scope="all", shuffle_fraction=1.0,
+      # Each update's advantages whitened over its action tokens (credit/whiten.py): the batch's mean
+      # subtracted, divided by its spread, after the estimator and before the controls. PPO's and verl's
+      # normalisation for GAE; off by default, so every record made without it reads the same.
+      whiten_advantages=False,
   ))
 
   # eval/success samples at the rollout temperature; greedy=True adds eval/greedy_*.

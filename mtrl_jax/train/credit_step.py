@@ -24,6 +24,7 @@ from mtrl_jax.credit.batch import CreditBatch
 from mtrl_jax.credit.regularizers import kl_reward_penalty
 from mtrl_jax.credit.shuffle import shuffle_advantages, shuffle_decision_advantages, valid_decision_rows
 from mtrl_jax.credit.step_groups import step_group_stats
+from mtrl_jax.credit.whiten import masked_whiten
 from mtrl_jax.rollout.packing import PackedBatch
 
 STEP_GROUP_ESTIMATORS = ("gigpo", "hgpo")  # they report how many turns found a step group
@@ -57,6 +58,7 @@ class CreditSetup:
   shuffle: bool  # rl.shuffle_advantages
   shuffle_scope: str = "all"  # rl.shuffle_scope: every action token, or the decision turn's (turn 0)
   shuffle_fraction: float = 1.0  # rl.shuffle_fraction: with scope 'decision', the share of sessions
+  whiten: bool = False  # rl.whiten_advantages: mean 0, spread 1 over the update's action tokens
   max_turns: Optional[int] = None  # the step-group estimators' option, for their statistics
   estimator: str = ""
   adv_fn: Callable = None
@@ -69,7 +71,7 @@ class CreditSetup:
     rl = c.rl
     setup = cls(seed=int(c.seed), kl_coef=float(rl.kl_coef) if rl.kl_mode == "reward" else 0.0,
                 kl_type=rl.kl_type, shuffle=bool(rl.shuffle_advantages), shuffle_scope=rl.shuffle_scope,
-                shuffle_fraction=float(rl.shuffle_fraction))
+                shuffle_fraction=float(rl.shuffle_fraction), whiten=bool(rl.whiten_advantages))
     setup.use(rl.estimator, dict(rl.estimator_kwargs))
     return setup
 
@@ -108,7 +110,8 @@ def credit(setup: CreditSetup, pb: PackedBatch, values_bt=None, logp_bt=None, re
   by a key of (seed, policy version): the same values, their pairing with the actions broken; with
   rl.shuffle_scope 'decision', only turn 0's credit, on rl.shuffle_fraction of the sessions whose
   turn-0 reply was valid (`pb.invalid_bt`; the graded control, credit/shuffle.py): a session with an
-  invalid turn-0 reply keeps its credit, format penalty included.
+  invalid turn-0 reply keeps its credit, format penalty included. With rl.whiten_advantages the
+  estimator's advantages are whitened over the batch's action tokens first (credit/whiten.py).
   `readout`: also the Monte-Carlo targets of the unpenalised rewards (train/critic_readout.py's).
   """
   reward = jnp.asarray(pb.reward_bt)
@@ -118,6 +121,8 @@ def credit(setup: CreditSetup, pb: PackedBatch, values_bt=None, logp_bt=None, re
   fields, stats = turn_fields(setup, pb, progress)
   batch = credit_batch(pb, values_bt)._replace(reward_bt=reward, **fields)
   adv, target = setup.adv_fn(batch)
+  if setup.whiten:  # before the controls: they permute the whitened values, so their scale is the real arm's
+    adv = _whiten(adv, batch.loss_mask_bt)
   if setup.shuffle:  # the study's positive control: same advantages, pairing broken
     key = jax.random.fold_in(jax.random.key(setup.seed + 31), version)
     if setup.shuffle_scope == "decision":
@@ -135,6 +140,7 @@ def credit(setup: CreditSetup, pb: PackedBatch, values_bt=None, logp_bt=None, re
   return Credit(adv, target, stats, setup.mc_fn(credit_batch(pb)) if readout else None)
 
 
+_whiten = jax.jit(masked_whiten)
 _decision_shuffle = jax.jit(shuffle_decision_advantages, static_argnames=("decision_turn",))
 
 
