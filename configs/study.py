@@ -37,6 +37,10 @@ Args:
   epochs, mb  RL's passes over each update's sessions and minibatches per pass: epochs x mb Adam steps
            an update (1 x 1, the second round's recipe: 32 steps in a whole run; docs/STUDY_ROUND3.md's
            recipe pilot: 8 x 4 learns delayed(cue)'s decision at H=8 where 1 x 1 does not)
+  whiten   each update's advantages whitened over its action tokens (rl.whiten_advantages, credit/whiten.py;
+           the recipe pilot: GAE with a pretrained critic lost the reply format at 16-32 steps an update
+           without it, docs/STUDY_ROUND3.md)
+  updates  RL updates in the run (32; the evals at 0 and at the last update)
   vpr      > 0: value pretraining stops once the critic's EV reaches this ratio of the oracle's (a
            deliberately partial critic, value_pretrain.stop_at_ratio); 0 = the defaults (the bar)
   penalty  memory/bifurcation/delayed/revisit: reward -penalty per invalid reply in RL (0.1; 0 = outcome only)
@@ -110,7 +114,8 @@ def get_config(arg=None):
                        "eta": 0, "decoupled": True, "vp": True, "context": "session", "stage": "rl",
                        "seed": 0, "penalty": 0.1, "shuffle": False, "runlocal": False, "tpa": 1,
                        "crn": False, "model": "byte", "hf_dir": "",
-                       "dshuffle": 0.0, "cue": False, "draws": False, "vpr": 0.0, "epochs": 1, "mb": 1})
+                       "dshuffle": 0.0, "cue": False, "draws": False, "vpr": 0.0, "epochs": 1, "mb": 1,
+                       "whiten": False, "updates": 32})
   if a["model"] not in MODELS:
     raise ValueError(f"model={a['model']!r}: choose one of {MODELS}")
   if a["hf_dir"] and a["model"] != "smol":
@@ -208,13 +213,16 @@ def _byte_cell(a: dict):
   c.rl.estimator, c.rl.estimator_kwargs, c.critic.kind = est, kw, critic
   if a["context"] != "session":  # one sample per turn, with the history or only the current turn
     c.rl.layout, c.rl.context = "turn", a["context"]
-  # The RL budget of every cell: 32 updates of 8 tasks x 4 sessions.
-  c.rl.steps = 32
+  # The RL budget of every cell: 32 updates (`updates`) of 8 tasks x 4 sessions.
+  if a["updates"] < 1:
+    raise ValueError(f"updates={a['updates']}: RL's updates in the run are >= 1")
+  c.rl.steps = int(a["updates"])
   c.rl.tasks_per_update = 8
   c.rl.group_size = 4
   if a["epochs"] < 1 or a["mb"] < 1:
     raise ValueError(f"epochs={a['epochs']}, mb={a['mb']}: RL's passes and minibatches an update are >= 1")
   c.rl.epochs, c.rl.minibatches = int(a["epochs"]), int(a["mb"])
+  c.rl.whiten_advantages = bool(a["whiten"])
   # 5e-4, from pilots on bifurcation h8 at seeds 100 and 101 (not study seeds), grpo / gae lambda 0.95 /
   # gae lambda 1 (docs/STUDY.md, setup): at 2e-3 and 1e-3 the policy lost the action format within 16
   # updates (invalid replies up to 84% of turns); at 5e-4 and 7e-4 with 32 updates eval success rose
@@ -227,10 +235,10 @@ def _byte_cell(a: dict):
   # Its defaults: MC targets, until the critic is at the bar or stops improving, up to 800 critic steps
   # (train/vp_stop.py; the study's records so far were fitted with a fixed 160).
   c.value_pretrain.update(enabled=bool(a["vp"]))
-  # Evals at 0 (the warm start: the same for every arm at a seed) and 32, then the final eval stage,
-  # all on the same 256 held-out tasks with the seed's eval key (the final stage replays step 32's
-  # eval). 256 tasks: a success rate's sampling sd per run is <= 0.031 (was 0.063 at 64 tasks).
-  c.eval.every = 32
+  # Evals at 0 (the warm start: the same for every arm at a seed) and at the last update, then the final
+  # eval stage, all on the same 256 held-out tasks with the seed's eval key (the final stage reuses the
+  # last update's eval). 256 tasks: a success rate's sampling sd per run is <= 0.031 (was 0.063 at 64 tasks).
+  c.eval.every = c.rl.steps
   c.eval.tasks = 256
   c.eval.greedy = False
   if a["arm"] == "tree":
