@@ -41,6 +41,7 @@ Args:
            the recipe pilot: GAE with a pretrained critic lost the reply format at 16-32 steps an update
            without it, docs/STUDY_ROUND3.md)
   updates  RL updates in the run (32; the evals at 0 and at the last update)
+  lr       RL's learning rate (5e-4, the second round's)
   vpr      > 0: value pretraining stops once the critic's EV reaches this ratio of the oracle's (a
            deliberately partial critic, value_pretrain.stop_at_ratio); 0 = the defaults (the bar)
   penalty  memory/bifurcation/delayed/revisit: reward -penalty per invalid reply in RL (0.1; 0 = outcome only)
@@ -115,7 +116,7 @@ def get_config(arg=None):
                        "seed": 0, "penalty": 0.1, "shuffle": False, "runlocal": False, "tpa": 1,
                        "crn": False, "model": "byte", "hf_dir": "",
                        "dshuffle": 0.0, "cue": False, "draws": False, "vpr": 0.0, "epochs": 1, "mb": 1,
-                       "whiten": False, "updates": 32})
+                       "whiten": False, "updates": 32, "lr": 5e-4})
   if a["model"] not in MODELS:
     raise ValueError(f"model={a['model']!r}: choose one of {MODELS}")
   if a["hf_dir"] and a["model"] != "smol":
@@ -227,7 +228,9 @@ def _byte_cell(a: dict):
   # gae lambda 1 (docs/STUDY.md, setup): at 2e-3 and 1e-3 the policy lost the action format within 16
   # updates (invalid replies up to 84% of turns); at 5e-4 and 7e-4 with 32 updates eval success rose
   # 0.59-0.69 -> 0.77-0.84 and most runs kept invalid replies under 7% of turns.
-  c.rl.lr = 5e-4
+  if not 0 < a["lr"] < 1:
+    raise ValueError(f"lr={a['lr']}: RL's learning rate is in (0, 1)")
+  c.rl.lr = float(a["lr"])
   c.rl.decoupled = a["decoupled"]
   c.rl.shuffle_advantages = bool(a["shuffle"]) or a["dshuffle"] > 0
   if a["dshuffle"] > 0:  # the graded control: the decision turn's credit only, on a fraction q of sessions
