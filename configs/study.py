@@ -42,6 +42,8 @@ Args:
            without it, docs/STUDY_ROUND3.md)
   updates  RL updates in the run (32; the evals at 0 and at the last update)
   lr       RL's learning rate (5e-4, the second round's)
+  kl       > 0: a k3 KL penalty to the warm start in the loss at this coefficient (rl.kl_coef; the
+           recipe pilot: it keeps GAE's reply format at 32 Adam steps an update, docs/STUDY_ROUND3.md)
   vpr      > 0: value pretraining stops once the critic's EV reaches this ratio of the oracle's (a
            deliberately partial critic, value_pretrain.stop_at_ratio); 0 = the defaults (the bar)
   penalty  memory/bifurcation/delayed/revisit: reward -penalty per invalid reply in RL (0.1; 0 = outcome only)
@@ -116,7 +118,7 @@ def get_config(arg=None):
                        "seed": 0, "penalty": 0.1, "shuffle": False, "runlocal": False, "tpa": 1,
                        "crn": False, "model": "byte", "hf_dir": "",
                        "dshuffle": 0.0, "cue": False, "draws": False, "vpr": 0.0, "epochs": 1, "mb": 1,
-                       "whiten": False, "updates": 32, "lr": 5e-4})
+                       "whiten": False, "updates": 32, "lr": 5e-4, "kl": 0.0})
   if a["model"] not in MODELS:
     raise ValueError(f"model={a['model']!r}: choose one of {MODELS}")
   if a["hf_dir"] and a["model"] != "smol":
@@ -231,6 +233,9 @@ def _byte_cell(a: dict):
   if not 0 < a["lr"] < 1:
     raise ValueError(f"lr={a['lr']}: RL's learning rate is in (0, 1)")
   c.rl.lr = float(a["lr"])
+  if a["kl"] < 0:
+    raise ValueError(f"kl={a['kl']}: the KL penalty's coefficient is >= 0")
+  c.rl.kl_coef = float(a["kl"])  # kl_mode 'loss', kl_type 'k3' (the defaults); the reference is the warm start
   c.rl.decoupled = a["decoupled"]
   c.rl.shuffle_advantages = bool(a["shuffle"]) or a["dshuffle"] > 0
   if a["dshuffle"] > 0:  # the graded control: the decision turn's credit only, on a fraction q of sessions

@@ -35,8 +35,9 @@ DEFAULTS = {"probe": "delayed", "horizon": 8, "arm": "grpo", "lp": -1.0, "lc": -
             "dshuffle": 0.0, "cue": False, "draws": False, "vpr": 0.0,
             # RL's passes and minibatches an update (configs/study.py): 1 x 1 is the second round's recipe.
             "epochs": 1, "mb": 1,
-            # Advantages whitened over each update's action tokens, the updates a run has, RL's learning rate.
-            "whiten": False, "updates": 32, "lr": 5e-4}
+            # Advantages whitened over each update's action tokens, the updates a run has, RL's learning rate,
+            # the KL penalty to the warm start.
+            "whiten": False, "updates": 32, "lr": 5e-4, "kl": 0.0}
 ALWAYS = ("probe", "horizon", "arm")
 # Every probe task with the horizon its warm start is measured at (the probe table). bifurcation and
 # memory stay in the table only: common random numbers within a group make their horizon irrelevant to
