@@ -155,15 +155,15 @@ def test_whiten_updates_lr_and_kl_reach_the_config_and_name_the_cell_only_when_s
 
   Breaks checked: eval.every left at 32 (a 16-update run then has no eval at its end, only the step-0
   one); `lr` parsed but rl.lr left at 5e-4; `kl` parsed but not applied; plan.DEFAULTS without `lr` (every cell's name gains
-  `lr=0.0005`)."""
+  `lr=0.0005`); plan.DEFAULTS without `kl` (a cell's name drops its kl: two cells would share a folder)."""
   from experiments.study.plan import Cell
   c = get_config("probe=delayed,horizon=8,cue=true,whiten=true,updates=16,lr=2.5e-4,kl=0.1")
   assert (c.rl.whiten_advantages, c.rl.steps, c.eval.every, c.rl.lr, c.rl.kl_coef) == (True, 16, 16, 2.5e-4, 0.1)
   d = get_config("probe=delayed,horizon=8")
   assert (d.rl.whiten_advantages, d.rl.steps, d.eval.every, d.rl.lr, d.rl.kl_coef) == (False, 32, 32, 5e-4, 0.0)
   named = Cell("x", {"probe": "delayed", "horizon": 8, "arm": "ms_grpo", "updates": 16, "lr": 2.5e-4,
-                     "whiten": True}).name
-  assert "updates=16" in named and "lr=0.00025" in named and "whiten=true" in named
+                     "whiten": True, "kl": 0.1}).name
+  assert all(k in named for k in ("updates=16", "lr=0.00025", "whiten=true", "kl=0.1"))  # else two cells, one folder
   plain = Cell("x", {"probe": "delayed", "horizon": 8, "arm": "ms_grpo"}).name
   assert not any(k in plain for k in ("updates", "lr=", "whiten", "kl="))
   for bad, field in (("updates=0", "updates=0"), ("lr=0", "lr=0"), ("lr=2", "lr=2"), ("kl=-0.1", "kl=-0.1")):
