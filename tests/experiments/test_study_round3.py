@@ -154,8 +154,8 @@ def test_whiten_updates_lr_and_kl_reach_the_config_and_name_the_cell_only_when_s
   out-of-range values name the argument.
 
   Breaks checked: eval.every left at 32 (a 16-update run then has no eval at its end, only the step-0
-  one); `lr` parsed but rl.lr left at 5e-4; `kl` parsed but not applied; plan.DEFAULTS without `lr` (every cell's name gains
-  `lr=0.0005`); plan.DEFAULTS without `kl` (a cell's name drops its kl: two cells would share a folder)."""
+  one); `lr` parsed but rl.lr left at 5e-4; `kl` parsed but not applied; plan.DEFAULTS without `lr` or
+  without `kl` (a cell's name drops it: two cells that differ only there would share a folder)."""
   from experiments.study.plan import Cell
   c = get_config("probe=delayed,horizon=8,cue=true,whiten=true,updates=16,lr=2.5e-4,kl=0.1")
   assert (c.rl.whiten_advantages, c.rl.steps, c.eval.every, c.rl.lr, c.rl.kl_coef) == (True, 16, 16, 2.5e-4, 0.1)
