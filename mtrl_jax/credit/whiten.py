@@ -1,16 +1,17 @@
 """Advantages whitened over a batch's action tokens (PPO's and verl's advantage normalisation).
 
-GAE's advantages are TD errors against a learned critic, so their mean over a batch is whatever the
-critic's error is: when the policy starts to make mistakes the critic has not yet seen (the format
-penalty of an invalid reply), the critic over-values every state and the mean advantage turns
-negative on every turn at once. A negative mean pushes down the probability of every sampled token
-(not only the wrong ones) and so raises the entropy, which makes more invalid replies: measured on
-delayed(cue) h8 with 16-32 Adam steps an update, the mean advantage of turns 0-1 went from +0.08 to
--0.32 in five updates while 53-66% of the turns went invalid (docs/STUDY_ROUND3.md). The group
-estimators (GRPO, MS-GRPO) subtract a group mean already. Whitening subtracts the batch's mean and
-divides by its spread, so the update pushes up the better half of the batch's tokens and down the
-worse half whatever the critic's offset; the relative credit between tokens is kept. verl applies
-the same `masked_whiten` to its GAE advantages.
+GAE's advantages are TD errors against a learned critic, so their scale and their mean over a batch
+are whatever the rewards and the critic's errors make them; PPO implementations (verl's
+`masked_whiten` on its GAE advantages among them) subtract the batch's mean and divide by its spread
+so that one learning rate fits every task. The group estimators (GRPO, MS-GRPO) normalise per group
+already. The relative credit between tokens is kept.
+
+Measured, and not what it was tried for: on delayed(cue) h8 with 16 and 32 Adam steps an update, GAE
+with a pretrained critic lost the reply format (55% and 66% of the last update's turns invalid); at 16
+steps its turn-0 mean advantage went from +0.08 to -0.32 in six updates. Whitened (32 steps, lr 5e-4)
+it lost the format as fast: 52-55% of the turns invalid in updates 5-7, when the run was stopped. A KL
+penalty to the warm start kept it (docs/STUDY_ROUND3.md), so a critic's offset is not what broke the
+format there.
 """
 import jax
 import jax.numpy as jnp
