@@ -60,9 +60,12 @@ RECIPE_NOTE = (
     "Pre-registered at the second round's recipe (one Adam step an update: rl.epochs 1, rl.minibatches 1). "
     "Issue 43's runs saw no learning of the cue at H=8 in 32 updates (nor 128) by either GAE or MS-GRPO at it; "
     "the 2026-11-29 recipe pilot (docs/STUDY_ROUND3.md) learned it at H=8 with 32 Adam steps an update "
-    "(configs/study.py epochs=8, mb=4: following the sign 0.512 -> 0.996, one seed). The plan is to be "
-    "re-registered at that recipe before any of its runs; a recipe change after runs is a new registration, "
-    "not a re-analysis of them.")
+    "(configs/study.py epochs=8, mb=4: following the sign 0.512 -> 0.996, one seed), where GAE lost the reply "
+    "format; with lr 2.5e-4 and a KL penalty of 0.1 to the warm start (lr=2.5e-4, kl=0.1) every arm kept it and "
+    "learned the cue in 16 updates (following 0.88-0.94 at H=8, one seed each). The plan is to be re-registered "
+    "at that recipe (epochs=8, mb=4, lr=2.5e-4, kl=0.1, updates=16) once H=32, a second seed and the partial "
+    "critic are piloted, before any of its runs; a recipe change after runs is a new registration, not a "
+    "re-analysis of them.")
 
 E6_REASON = (
     "not tested: no probe in the project has states that recur within and across sessions at different "
