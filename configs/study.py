@@ -38,8 +38,7 @@ Args:
            an update (1 x 1, the second round's recipe: 32 steps in a whole run; docs/STUDY_ROUND3.md's
            recipe pilot: 8 x 4 learns delayed(cue)'s decision at H=8 where 1 x 1 does not)
   whiten   each update's advantages whitened over its action tokens (rl.whiten_advantages, credit/whiten.py;
-           the recipe pilot: GAE with a pretrained critic lost the reply format at 16-32 steps an update
-           without it, docs/STUDY_ROUND3.md)
+           off: in the recipe pilot it did not keep GAE's reply format, docs/STUDY_ROUND3.md)
   updates  RL updates in the run (32; the evals at 0 and at the last update)
   lr       RL's learning rate (5e-4, the second round's)
   kl       > 0: a k3 KL penalty to the warm start in the loss at this coefficient (rl.kl_coef; the

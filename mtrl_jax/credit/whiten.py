@@ -9,9 +9,9 @@ already. The relative credit between tokens is kept.
 Measured, and not what it was tried for: on delayed(cue) h8 with 16 and 32 Adam steps an update, GAE
 with a pretrained critic lost the reply format (55% and 66% of the last update's turns invalid); at 16
 steps its turn-0 mean advantage went from +0.08 to -0.32 in six updates. Whitened (32 steps, lr 5e-4)
-it lost the format as fast: 52-61% of the turns invalid in updates 5-8, when the run was stopped. A KL
-penalty to the warm start kept it (docs/STUDY_ROUND3.md), so a critic's offset is not what broke the
-format there.
+it lost the format as fast: 52-61% of the turns invalid in updates 5-8, when the run was stopped.
+Whitening removes any offset, so a critic's offset is not what broke the format there; a KL penalty to
+the warm start kept it (docs/STUDY_ROUND3.md).
 """
 import jax
 import jax.numpy as jnp
