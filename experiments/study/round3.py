@@ -62,10 +62,10 @@ RECIPE_NOTE = (
     "the 2026-11-29 recipe pilot (docs/STUDY_ROUND3.md) learned it at H=8 with 32 Adam steps an update "
     "(configs/study.py epochs=8, mb=4: following the sign 0.512 -> 0.996, one seed), where GAE lost the reply "
     "format; with lr 2.5e-4 and a KL penalty of 0.1 to the warm start (lr=2.5e-4, kl=0.1) every arm kept it and "
-    "learned the cue in 16 updates (following 0.88-0.94 at H=8, one seed each). The plan is to be re-registered "
-    "at that recipe (epochs=8, mb=4, lr=2.5e-4, kl=0.1, updates=16) once H=32, a second seed and the partial "
-    "critic are piloted, before any of its runs; a recipe change after runs is a new registration, not a "
-    "re-analysis of them.")
+    "learned the cue in 16 updates on seed 0 (following 0.88-0.94 at H=8), but MS-GRPO on seed 1 had not by "
+    "update 16. The plan is to be re-registered at that recipe with a run length at which every seed learns, "
+    "once H=32 and the partial critic are piloted, before any of its runs; a recipe change after runs is a new "
+    "registration, not a re-analysis of them.")
 
 E6_REASON = (
     "not tested: no probe in the project has states that recur within and across sessions at different "
