@@ -47,7 +47,8 @@ SMOL_RECORDS = os.path.join(REPO, "docs", "study_smol")  # the real model's stud
 ROUND3_RECORDS = os.path.join(REPO, "docs", "study3")  # the third round's (round3.py): the round-2 report never reads them
 # The config values a record keeps (dotted paths into config.json).
 CONFIG_KEYS = ("seed", "env.name", "env.kwargs", "rl.estimator", "rl.estimator_kwargs", "rl.steps",
-               "rl.epochs", "rl.minibatches", "rl.whiten_advantages", "rl.kl_coef", "rl.tasks_per_update", "rl.group_size", "rl.lr", "rl.layout", "rl.context", "rl.decoupled",
+               "rl.epochs", "rl.minibatches", "rl.whiten_advantages", "rl.kl_coef", "rl.tasks_per_update",
+               "rl.group_size", "rl.lr", "rl.layout", "rl.context", "rl.decoupled",
                "rl.shuffle_advantages", "rl.shuffle_scope", "rl.shuffle_fraction", "critic.kind",
                "value_pretrain.enabled", "value_pretrain.stop_at_ratio", "eval.tasks", "eval.every", "eval.seed_offset", "sft.steps", "asynchronous.enabled", "asynchronous.eta")
 
