@@ -36,7 +36,8 @@ Args:
            stages, so eval draws differ between seeds; a warm start keeps draw_seed 0)
   epochs, mb  RL's passes over each update's sessions and minibatches per pass: epochs x mb Adam steps
            an update (1 x 1, the second round's recipe: 32 steps in a whole run; docs/STUDY_ROUND3.md's
-           recipe pilot: 8 x 4 learns delayed(cue)'s decision at H=8 where 1 x 1 does not)
+           recipe pilot: 8 x 4 learns delayed(cue)'s decision at H=8 where 1 x 1 does not; the third round
+           runs epochs=8, mb=4, lr=2.5e-4, kl=0.1, experiments/study/round3.py's RECIPE)
   whiten   each update's advantages whitened over its action tokens (rl.whiten_advantages, credit/whiten.py;
            off: in the recipe pilot it did not keep GAE's reply format, docs/STUDY_ROUND3.md)
   updates  RL updates in the run (32; the evals at 0 and at the last update)

@@ -6,11 +6,11 @@ shared by all arms, plus what the table below adds; a difference that must not s
 alternating pattern of sd ~0.053 (p 0.33 at a mean loss of 0.02), one that must separate a pattern of sd
 ~0.005. Mean losses are exact (the patterns have mean 0).
 
-  ladder                       q=1    q=0.5  q=0.25   smallest detected
-  h2 gae_lambda0.95 (full)     0.20   0.10   0.02 ns  0.100 at q=0.5
-  h2 ms_grpo                   0.01ns 0.01ns 0.01 ns  none detected
-  h8 gae_lambda0.95 (full)     0.12   0.04   0.01 ns  0.040 at q=0.5
-  h8 ms_grpo                   0.30   0.15   0.08     0.080 at q=0.25
+  ladder                       q=1    q=0.5  q=0.25   q=0.1    smallest detected
+  h2 gae_lambda0.95 (full)     0.20   0.10   0.02 ns  0.02 ns  0.100 at q=0.5
+  h2 ms_grpo                   0.01ns 0.01ns 0.01 ns  0.01 ns  none detected
+  h8 gae_lambda0.95 (full)     0.12   0.04   0.01 ns  0.01 ns  0.040 at q=0.5
+  h8 ms_grpo                   0.30   0.15   0.08     0.01 ns  0.080 at q=0.25
 
   claim (mean difference 0, MDE set)            h2                         h8
   gae_lambda1 none > gae_lambda0.95 none        MDE 0.06: inconclusive     MDE 0.06: no difference > 0.060
@@ -39,9 +39,9 @@ H = (2, 8)
 SEED_EFFECT = np.array([0.06, -0.08, 0.1, -0.04, 0.02, -0.05, 0.07, -0.03])
 ALT = np.array([1.0, -1.0] * 4)  # mean 0, sd sqrt(8/7)
 WIDE, TIGHT = 0.05 * ALT, 0.005 * ALT[::-1]
-LOSS = {("gae", 2): (0.20, 0.10, None), ("ms", 2): (None, None, None),
-        ("gae", 8): (0.12, 0.04, None), ("ms", 8): (0.30, 0.15, 0.08)}
-NOT_SEP = {("gae", 2): 0.02, ("ms", 2): 0.01, ("gae", 8): 0.01, ("ms", 8): None}  # the loss of a rung that must not separate
+LOSS = {("gae", 2): (0.20, 0.10, None, None), ("ms", 2): (None, None, None, None),
+        ("gae", 8): (0.12, 0.04, None, None), ("ms", 8): (0.30, 0.15, 0.08, None)}
+NOT_SEP = {("gae", 2): 0.02, ("ms", 2): 0.01, ("gae", 8): 0.01, ("ms", 8): 0.01}  # the loss of a rung that must not separate
 MDE = {("gae", 2): 0.06, ("free", 2): 0.06, ("mixed", 2): 0.06, ("gae", 8): 0.06, ("free", 8): 0.10, ("mixed", 8): 0.06}
 
 
@@ -125,8 +125,8 @@ def test_the_ladder_tests_each_q_against_its_reference_and_takes_the_smallest_th
   test's sides swapped (control - reference) gives negative losses and nothing separates; a rung kept
   when it does not separate (smallest over every rung) gives q=0.25's 0.020."""
   lad = _ladder(fx, 2, graded.GAE_REFERENCE)
-  assert [r.q for r in lad.rungs] == [1.0, 0.5, 0.25]
-  assert [r.separates["final"] for r in lad.rungs] == [True, True, False]
+  assert [r.q for r in lad.rungs] == [1.0, 0.5, 0.25, 0.1]
+  assert [r.separates["final"] for r in lad.rungs] == [True, True, False, False]
   best = lad.smallest("final")
   assert best.q == 0.5 and best.tests["final"][1].mean == pytest.approx(0.10, abs=1e-9)
   ref = fx["vals"]["gae_lambda0.95 full h2"]

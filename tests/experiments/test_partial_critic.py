@@ -1,7 +1,7 @@
 """Round 3's deliberately partial critics in the study's verdicts (experiments/study/verdicts.py).
 
 A partial cell (round3.CRITICS["partial"]: value pretraining stopped at PARTIAL_RATIO) starts RL from its own
-critic warm start (plan.critic_warm: `<warm>,vpr=0.45,critic,seed=0`), and its comparisons are judged on
+critic warm start (plan.critic_warm: `<warm>,vpr=0.3,critic,seed=0`), and its comparisons are judged on
 the registered band round3.PARTIAL_BAND (0.3-0.6), not on the 0.8 bar: in the band, tested with the ratio and
 its interval in the verdict; outside it, or without a critic record, not tested. Full critics keep the bar.
 """

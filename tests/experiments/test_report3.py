@@ -97,7 +97,7 @@ def test_a_claim_inside_the_graded_bound_reads_no_difference_larger_than_and_one
 def test_the_ladders_e6_textworld_and_the_critics_before_rl_are_printed(fx):
   """Each probe's ladder line with its smallest detected effect (graded.smallest_line), the same numbers in
   the JSON; E6's line is round3.E6_REASON, TextWorld's round3.TEXTWORLD_NOTE; the critics-before-RL table
-  names each critic's state (a partial critic record added: 'partial (stopped at 0.45 ...)').
+  names each critic's state (a partial critic record added: 'partial (stopped at 0.3 ...)').
 
   Breaks checked: critic_warm_table called without states=True (no critic column); E6 read as 'not run'
   (the cut test after the no-records test in report())."""
@@ -111,12 +111,12 @@ def test_the_ladders_e6_textworld_and_the_critics_before_rl_are_printed(fx):
   assert f"- **TextWorld** coin collector (issue 41 item 9): {round3.TEXTWORLD_NOTE}" in head
   assert fx["res"]["experiments"]["E6"] == {"verdict": "not tested", "why": round3.E6_REASON}
   partial = round3.gae_cell("gae_lambda0.95", 8, "partial")
-  records.write(fx["dir"], tg.fake_critic(partial.warm + ",vpr=0.45", 0.3, 0.6))
+  records.write(fx["dir"], tg.fake_critic(partial.warm + f",vpr={round3.PARTIAL_RATIO:g}", 0.3, 0.6))
   _, text = run(fx["dir"], str(fx["tmp"] / "again.md"), fx["exps"])
   crit = text.split("## The critics before RL\n\n")[1].split("\n## ")[0]
   assert "| probe | horizon | critic | seed |" in crit
   assert "| delayed | 2 | full (stopped at the bar) | 0 | 160 |" in crit
-  assert "| delayed | 8 | partial (stopped at 0.45 x the oracle's EV) | 0 | 160 |" in crit
+  assert "| delayed | 8 | partial (stopped at 0.3 x the oracle's EV) | 0 | 160 |" in crit
 
 
 def test_the_probe_table_shows_the_warm_starts_turn_0_shares_beside_the_per_seed_ceiling(fx):

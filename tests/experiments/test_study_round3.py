@@ -30,17 +30,19 @@ def _arg(cmd: list[str], flag: str) -> str:
 
 def test_the_runner_lists_round_3s_jobs_with_the_right_warm_starts(tmp_path):
   """`--round 3 --dry_run`: 3 policy warm starts (delayed with the cue), a full and a partial critic
-  per horizon, 68 cells x 8 seeds; every run's config builds and validates; a partial-critic run starts
+  per horizon, 74 cells x 8 seeds; every run's config builds, validates and runs the registered recipe
+  (round3.RECIPE: 8 x 4 Adam steps an update, lr 2.5e-4, KL 0.1 to the warm start, 32 updates); a partial-critic run starts
   from the partial critic, a vp=off run from the policy warm start, a full-critic run from the full
   critic, a critic warm start from the policy warm start (never from a folder named with vpr=).
 
   Breaks checked: Cell.warm without the cue (warm starts named without cue=true: the critic-free runs
   would start from round 2's cue-less warm start) fails the warm names; critic_warm without vpr (the
   partial runs start from the full critic) fails the partial check; critic_command's init_from taken
-  from the critic name's head (a folder `...,vpr=0.45` that is never built) fails the critic check;
-  the runner ignoring --round (round 2's plan listed) fails the counts."""
+  from the critic name's head (a folder `...,vpr=0.3` that is never built) fails the critic check;
+  the runner ignoring --round (round 2's plan listed) fails the counts; base(h) without RECIPE (the runs at
+  round 2's one Adam step an update, lr 5e-4, no KL) fails the recipe check."""
   cmds, summary = _dry_run(tmp_path)
-  assert summary == {"dry_run": True, "warm_starts": 3, "critic_warm_starts": 6, "runs": 544}
+  assert summary == {"dry_run": True, "warm_starts": 3, "critic_warm_starts": 6, "runs": 592}
   warm = {_arg(c, "--workdir").rsplit("/", 1)[1] for c in cmds if _arg(c, "--config").endswith("stage=warm")}
   assert warm == {f"probe=delayed,horizon={h},cue=true" for h in (2, 8, 32)}
   critics = [c for c in cmds if "stage=critic" in _arg(c, "--config")]
@@ -48,13 +50,13 @@ def test_the_runner_lists_round_3s_jobs_with_the_right_warm_starts(tmp_path):
   for c in critics:
     assert _arg(c, "--config.init_from").rsplit("/", 1)[1] in warm
   runs = [c for c in cmds if "stage=" not in _arg(c, "--config")]
-  assert len(runs) == 544
+  assert len(runs) == 592
   seen = set()
   for c in runs:
     args = _arg(c, "--config").split(":", 1)[1]
     init = _arg(c, "--config.init_from").rsplit("/", 1)[1]
-    if "vpr=0.45" in args:
-      assert init.endswith(",vpr=0.45,critic,seed=0"), (args, init)
+    if f"vpr={round3.PARTIAL_RATIO:g}" in args:
+      assert init.endswith(f",vpr={round3.PARTIAL_RATIO:g},critic,seed=0"), (args, init)
       seen.add("partial")
     elif "vp=false" in args or "gae" not in args:
       assert init in warm, (args, init)
@@ -63,13 +65,16 @@ def test_the_runner_lists_round_3s_jobs_with_the_right_warm_starts(tmp_path):
       seen.add("full")
   assert seen == {"partial", "full"}
   for name in sorted({_arg(c, "--config").split(":", 1)[1].rsplit(",seed=", 1)[0] for c in runs}):
-    validate(get_config(name + ",seed=3"))  # every cell's config builds and validates
+    c = get_config(name + ",seed=3")
+    validate(c)  # every cell's config builds and validates
+    assert (c.rl.epochs, c.rl.minibatches, c.rl.lr, c.rl.kl_coef, c.rl.kl_mode, c.rl.steps) == (
+        8, 4, 2.5e-4, 0.1, "loss", 32), name
 
 
 def test_every_label_the_plan_compares_is_a_cell_and_the_design_is_complete():
   """The comparisons, factors, graded controls and the pre-registered interaction name cells of their
   experiment; E1 crosses three lambdas with three critic states at H 2, 8, 32 (plus ms_grpo); every
-  horizon an experiment runs has q = 1, 0.5, 0.25 on each reference arm it uses; the interaction is its
+  horizon an experiment runs has q = 1, 0.5, 0.25, 0.1 on each reference arm it uses; the interaction is its
   own family, not among the claims; E6 is cut with its reason; E2 and E5 have their cells.
 
   Breaks checked: a comparison label with a typo ('gae_lambda095') fails the label check; GRADED_Q
@@ -88,7 +93,7 @@ def test_every_label_the_plan_compares_is_a_cell_and_the_design_is_complete():
     refs = {r for r, _, _ in e.graded}
     for h in horizons:
       for ref in (r for r in refs if r.endswith(f" h{h}")):
-        assert sorted(q for r, _, q in e.graded if r == ref) == [0.25, 0.5, 1.0], (e.id, ref)
+        assert sorted(q for r, _, q in e.graded if r == ref) == [0.1, 0.25, 0.5, 1.0], (e.id, ref)
   e1 = round3.experiment("E1")
   states = {(c.full["arm"], round3.critic_state(c), c.full["horizon"]) for c in e1.cells if not c.full["dshuffle"]}
   assert {(a, s, h) for a in round3.LAMBDA_ARMS for s in ("none", "partial", "full") for h in (2, 8, 32)} <= states
@@ -111,7 +116,7 @@ def test_round_3_cells_set_the_probe_the_critic_and_the_control_they_name():
   'all'); vpr dropped fails the stop_at_ratio check."""
   e1 = round3.experiment("E1")
   c = get_config(e1.cell("gae_lambda0.95 partial h8").name + ",seed=5")
-  assert c.env.kwargs.cue is True and c.env.kwargs.draw_seed == 5 and c.value_pretrain.stop_at_ratio == 0.45
+  assert c.env.kwargs.cue is True and c.env.kwargs.draw_seed == 5 and c.value_pretrain.stop_at_ratio == round3.PARTIAL_RATIO == 0.3
   assert c.value_pretrain.enabled and c.rl.shuffle_advantages is False
   c = get_config(e1.cell("gae_lambda0.95 none h2").name + ",seed=1")
   assert c.value_pretrain.enabled is False and c.value_pretrain.stop_at_ratio == 0.0
