@@ -181,6 +181,10 @@ def report(records_dir: str, out: str, date: str | None = None, experiments=None
   headline.append(f"- **TextWorld** coin collector (issue 41 item 9): {round3.TEXTWORLD_NOTE}")
   planned = {(c.name, s) for e in exps for c in e.cells for s in e.seeds}
   n_done = len(planned & set(got["runs"]))
+  if n_done < len(planned):  # the round runs over sessions: until it is whole, say what its verdicts are not
+    headline.insert(0, f"- **Interim: {n_done} of {len(planned)} planned runs recorded.** The verdicts below are read "
+                       "off the seeds recorded so far, not the registered tests at every planned seed: a p-value "
+                       "from 2 or 3 seeds means little, and they will change as the runs land.")
   date = date or datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
   shown = os.path.relpath(os.path.abspath(records_dir), records_mod.REPO)
   families = "; ".join(f"{f}: {n} p-values" for f, n in dict.fromkeys((t["family"], t["family_size"]) for t in inter))

@@ -21,3 +21,15 @@ def test_study3_md_regenerates_from_the_committed_records(tmp_path):
   out = tmp_path / "STUDY3.md"
   report3.report(os.path.join(REPO, "docs", "study3"), str(out), date=date)
   assert out.read_text() == committed, "docs/STUDY3.md is stale: run python -m experiments.study.report --round 3"
+
+
+def test_an_unfinished_round_says_its_verdicts_are_interim(tmp_path):
+  """While runs are missing (the round runs over sessions), the headline opens with the interim line: the number
+  of runs recorded of the plan's, and that the verdicts are read off the seeds so far. Break checked: the banner
+  dropped from report3.report (a 2-seed 'not reproduced' would read as the registered test's)."""
+  res = report3.report(os.path.join(REPO, "docs", "study3"), str(tmp_path / "STUDY3.md"), date="D")
+  head = (tmp_path / "STUDY3.md").read_text().split("<!-- headline -->\n")[1].splitlines()
+  if res["missing"]:
+    assert head[0].startswith(f"- **Interim: {res['runs']} of {res['runs'] + res['missing']} planned runs recorded.**")
+  else:
+    assert not any("Interim" in line for line in head)
