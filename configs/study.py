@@ -197,6 +197,10 @@ def _byte_cell(a: dict):
   # session-bootstrap interval of +-0.032 on delayed h8 and +-0.030 on h32 (one round of 32 tasks:
   # +-0.11 / +-0.07), measured 2026-11-28; the 0.8 bar is judged on the ratio's interval (docs/critic.md).
   c.value_pretrain.readout_tasks = 256
+  # No wall-time cap: where a critic stops must not depend on the machine's load. The H=32 critic took
+  # 928 s for 33 rounds on a lightly loaded core (2026-11-29); under the study's two parallel jobs the
+  # default 3,600 s would bind before its 800-step cap. The step cap and the readouts decide alone.
+  c.value_pretrain.max_seconds = 0.0
   if a["vpr"] > 0:
     c.value_pretrain.stop_at_ratio = float(a["vpr"])
   if a["stage"] == "critic":

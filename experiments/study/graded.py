@@ -302,9 +302,8 @@ def main(argv=None) -> str:
   a = p.parse_args(argv)
   if not os.path.isdir(a.records):
     p.error(f"--records {a.records} is not a folder (round 3's records land in docs/study3/ as its runs finish)")
-  from experiments.study.plan import CODE_MAY_DIFFER
   from experiments.study.versions import CodeCheck
-  code = CodeCheck(CODE_MAY_DIFFER, cache=os.path.join(a.records, "code_diffs.json"))
+  code = CodeCheck(round3.CODE_MAY_DIFFER, cache=os.path.join(a.records, "code_diffs.json"), where=round3.WHERE)
   text = graded_report(a.records, code=code)
   if a.out:
     with open(a.out, "w") as f:

@@ -22,7 +22,6 @@ import os
 
 from experiments.study import graded, interaction, round3
 from experiments.study import records as records_mod
-from experiments.study.plan import CODE_MAY_DIFFER
 from experiments.study.prose import cost
 from experiments.study.tables import (TEST_HEADER, _table, cell_table, comparison_rows, critic_table,
                                       critic_warm_table, cue_probe_table, format_check)
@@ -152,9 +151,10 @@ python -m experiments.study.report --round 3
 
 def report(records_dir: str, out: str, date: str | None = None, experiments=None, code: CodeCheck | None = None) -> dict:
   """Writes `out` from the records in `records_dir`; returns every verdict. `experiments`: round3.EXPERIMENTS
-  unless given; `code`: the check of the records' code versions (default: plan.CODE_MAY_DIFFER, this git)."""
+  unless given; `code`: the check of the records' code versions (default: round3.CODE_MAY_DIFFER, this git)."""
   exps = tuple(dataclasses.replace(e, controls=()) for e in (round3.EXPERIMENTS if experiments is None else experiments))
-  code = CodeCheck(CODE_MAY_DIFFER, cache=os.path.join(records_dir, "code_diffs.json")) if code is None else code
+  code = CodeCheck(round3.CODE_MAY_DIFFER, cache=os.path.join(records_dir, "code_diffs.json"),
+                   where=round3.WHERE) if code is None else code
   got = records_mod.load(records_dir)
   cstats = {e.id: cell_stats(e, got["runs"], got["critics"]) for e in exps}
   ran = [e for e in exps if not e.cut and any(s["recs"] for s in cstats[e.id].values())]

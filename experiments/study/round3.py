@@ -28,9 +28,24 @@ from __future__ import annotations
 
 import dataclasses
 
+from experiments.study import plan
 from experiments.study.plan import SEEDS, Cell, Experiment
 
 HORIZONS = (2, 8, 32)
+# The files this round's records may differ in: round 2's (plan.CODE_MAY_DIFFER) with two changes made after
+# the round's first registered runs, before any H=32 critic existed. The H=32 pilot critic stopped on a pooled
+# window of 0.948 [0.872, 1.03] and read 0.419 [0.33, 0.51] on fresh tasks (docs/STUDY_ROUND3.md), and under
+# the study's two parallel jobs the default 3,600 s cap would have stopped it on the load, not its readouts.
+ROUND3_MAY_DIFFER = {
+    "configs/study.py": "round 3: no wall-time cap on value pretraining (value_pretrain.max_seconds 0), so "
+                        "where a critic stops does not depend on the machine's load",
+    "mtrl_jax/train/value_pretrain.py": "round 3: a stop at the bar confirmed by the critic's own readout. A "
+                                        "critic that passes is the one the old rule gave: the committed H=2 "
+                                        "full critic rebuilt under the check read the same to the last digit",
+}
+CODE_MAY_DIFFER = tuple((path, f"{why}; {ROUND3_MAY_DIFFER[path]}" if path in ROUND3_MAY_DIFFER else why)
+                        for path, why in plan.CODE_MAY_DIFFER)
+WHERE = "experiments/study/round3.py `CODE_MAY_DIFFER`"  # as the report names it
 # Value pretraining stopped at 0.3 of the oracle's EV. The rule stops on a round's own ratio, read before the
 # round is fitted, and the critic's EV rises steeply once it finds the decision (H=8, seed 0: 0.085, 0.185,
 # 0.383, 0.655 of the oracle's in four consecutive rounds), so the target decides which round stops, not

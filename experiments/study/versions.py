@@ -43,8 +43,10 @@ def label(v: tuple) -> str:
 class CodeCheck:
   """The plan's allowed differences and the git diffs between code versions (each pair asked once)."""
 
-  def __init__(self, allowed=(), repo: str = REPO, cache: str | None = None):
+  def __init__(self, allowed=(), repo: str = REPO, cache: str | None = None,
+               where: str = "experiments/study/plan.py `CODE_MAY_DIFFER`"):
     self.allowed = tuple(allowed)  # (file pattern, why it may differ)
+    self.where = where  # where `allowed` is defined, as the report names it
     self.repo = repo
     self._diffs: dict = {}
     # `cache`: a JSON file of the diffs git gave before ("v1 .. v2" -> files), read first and added to.
@@ -154,5 +156,5 @@ class CodeCheck:
         *("| " + " | ".join(map(str, r)) + " |" for r in rows), "",
         "The runs' code versions against the first (git diff of `mtrl_jax/` and `configs/` between them):", "",
         *(diffs or ["- one version: nothing to check"]), "",
-        "Files allowed to differ between compared records (experiments/study/plan.py `CODE_MAY_DIFFER`):", "",
+        f"Files allowed to differ between compared records ({self.where}):", "",
         "| file | why it may differ |", "|---|---|", allowed or "| — | none |"])

@@ -31,6 +31,16 @@ fits it first on rollouts of the frozen initial policy. This stage:
   read as one set, with session-bootstrap 95% intervals of its EV, the
   oracle's and their ratio: the study judges "EV >= 0.8 x the oracle's" on
   the ratio's interval, which one round's 128 sessions leave too wide.
+* stops at the bar only when that final readout agrees. The pooled window
+  mixes the critics of its last `window` rounds and one round's oracle EV
+  swings with its batch, so it can read at the bar while the critic being
+  handed over is not: a pilot at H=32 (2026-11-29) stopped on a window of
+  0.948 [0.872, 1.03] and handed RL a critic that read 0.419 [0.33, 0.51]
+  on 256 fresh tasks. When the window fires, the stage plays the final
+  readout; at the bar on its interval, it stops with that readout (the same
+  tasks and numbers as before this check existed); otherwise it says so,
+  keeps fitting, and lets the window fire again only after `window` new
+  rounds, each later readout on tasks no earlier one played.
 
 The head critic (critic.kind='head') trains only the head: the trunk's hidden
 states are stop-gradient, and the trunk's parameters are kept bit for bit.
@@ -277,6 +287,12 @@ def _round_record(held_out: dict, stats_window: list, seed: int) -> vp_stop.Roun
   return vp_stop.RoundRecord(float(held_out["r2"]), ratio, lo, hi, own)
 
 
+def _ratio_text(ratio, lo=None, hi=None) -> str:
+  if ratio is None:
+    return "no ratio"
+  return f"{ratio:.3f}" + (f" [{lo:.3f}, {hi:.3f}]" if lo is not None and hi is not None else "")
+
+
 def stage(run) -> dict:
   """Run.stage_value_pretrain: the rounds, their metrics and checkpoints (see the module doc)."""
   c, v = run.c, run.c.value_pretrain
@@ -296,7 +312,12 @@ def stage(run) -> dict:
   engine = run._engine(c.rl.group_size, run._train_sampling())
   source = SyncSource(engine, seed=c.seed + 7, tasks_per_update=v.tasks_per_round,
                       share=run._share(v.tasks_per_round, "value_pretrain.tasks_per_round"))
+  # Confirmation readouts of the bar taken so far, and the first round whose pooled window may stop at the
+  # bar again (after one that its readout did not confirm: `window` fresh rounds later).
+  attempts = int(run.meta.get("vp_readouts", 0)) if start else 0
+  bar_from = int(run.meta.get("vp_bar_from", 0)) if start else 0
   total = rounds_for(v)
+
   say(f"value pretraining: up to {v.steps} critic steps ({total} rounds) and "
       + (f"{v.max_seconds:g} s" if v.max_seconds else "no wall-time cap") + "; stops "
       + ("at the bar, " if v.stop_at_bar else "") + (f"at ratio {v.stop_at_ratio:g}, " if v.stop_at_ratio else "")
@@ -305,8 +326,23 @@ def stage(run) -> dict:
   prog = Progress("value_pretrain", total, start)
   multiple = v.minibatches
   run._sync_sampler()
-  r, why = start - 1, None
+  r, why, final = start - 1, None, None
   t0 = time.monotonic() - spent
+
+  def read_critic(attempt: int, step: int) -> dict:
+    """The readout of the critic as it is now, on `readout_tasks` fresh tasks: rounds total + attempt x
+    readout_rounds, ... (seeds no training round and no earlier readout drew; attempt 0: the ones the
+    final readout always played)."""
+    batches = []
+    for k in range(readout_rounds(v)):
+      sessions, _ = run._everyone(*source.next_batch(total + attempt * readout_rounds(v) + k), "value_pretrain",
+                                  step)
+      sessions = [s for s in sessions if s.trainable]
+      if sessions:
+        pb = L._pack(sessions, multiple=multiple)
+        batches.append((sessions, pb, np.asarray(L.critic_values(pb))))
+    return pre.final_readout(batches) if batches else {}
+
   for r in range(start, total):
     sessions, info = run._everyone(*source.next_batch(r), "value_pretrain", r)
     sessions = [s for s in sessions if s.trainable]
@@ -320,15 +356,17 @@ def stage(run) -> dict:
     held_out = pre.readout(sessions, pb, values)  # before this round's fit: held out
     window = (window + [pre.last_stats])[-int(v.window):]
     records.append(_round_record(held_out, window, c.seed * 100_003 + r))
+    # Until bar_from the window may not stop at the bar (an unconfirmed stop needs `window` fresh rounds).
+    active = rule if r >= bar_from else rule._replace(stop_at_bar=False)
     # A target ratio stops before this round's fit: RL gets the critic this readout scored (vp_stop.py).
-    d = vp_stop.decide(records, steps_done, spent, rule)
+    d = vp_stop.decide(records, steps_done, spent, active)
     fit = {}
     if d.reason != "ratio":
       fit = pre.fit(pb, pre.targets(pb, values), seed=r)
       steps_done += fit["steps"]
       # The slowest host's clock: every host must decide alike (one stopping alone would hang the others).
       spent = max(allgather_objects(time.monotonic() - t0))
-      d = vp_stop.decide(records, steps_done, spent, rule)
+      d = vp_stop.decide(records, steps_done, spent, active)
     last = records[-1]
     rec = {**info, **{f"value_pretrain/{k}": x for k, x in held_out.items()},
            **{f"value_pretrain/{k}": fit[k] for k in ("fit_loss", "nonfinite_steps") if k in fit},
@@ -344,8 +382,23 @@ def stage(run) -> dict:
     run.writer.write(r, "value_pretrain", rec)
     prog.update(r + 1, ev=held_out["explained_variance"], r2=held_out["r2"],
                 **({"ratio": last.ratio} if last.ratio is not None else {}))
+    if d.stop and d.reason == "bar":
+      final = read_critic(attempts, r + 1)
+      attempts += 1
+      ratio, lo, hi = critic_bar.ratio_of(final)
+      if critic_bar.bar_of(ratio, lo, hi) != "yes":
+        window, bar_from = [], r + 1 + int(v.window)
+        pooled, own = _ratio_text(last.ratio, last.ratio_lo, last.ratio_hi), _ratio_text(ratio, lo, hi)
+        say(f"value pretraining: round {r}'s window read at the bar ({pooled}), the critic's own readout did not "
+            f"({own} on {int(final.get('readout_sessions', 0))} sessions); fitting on, the bar checked again from "
+            f"round {bar_from}")
+        run.writer.write(r, "value_pretrain", {"value_pretrain/bar_unconfirmed": 1.0,
+                                               **({"value_pretrain/unconfirmed_ratio": ratio} if ratio is not None
+                                                  else {})})
+        final = None
+        d = vp_stop.decide(records, steps_done, spent, rule._replace(stop_at_bar=False))
     run.meta.update(vp_records=[list(x) for x in records], vp_window=[w.tolist() for w in window],
-                    vp_steps=steps_done, vp_seconds=spent)
+                    vp_steps=steps_done, vp_seconds=spent, vp_readouts=attempts, vp_bar_from=bar_from)
     if d.stop:
       why = d.reason
       break
@@ -355,22 +408,18 @@ def stage(run) -> dict:
   rounds = r + 1
   say(f"value pretraining stopped ({STOPPED[why]}) after {rounds} rounds, {steps_done} critic steps, "
       f"{spent:.0f} s")
-  # The critic RL starts with, scored on fresh batches (no fitting): rounds total, total + 1, ...
-  # draw task seeds no training round drew.
-  batches = []
-  for k in range(readout_rounds(v)):
-    sessions, _ = run._everyone(*source.next_batch(total + k), "value_pretrain", rounds)
-    sessions = [s for s in sessions if s.trainable]
-    if sessions:
-      pb = L._pack(sessions, multiple=multiple)
-      batches.append((sessions, pb, np.asarray(L.critic_values(pb))))
-  final = pre.final_readout(batches) if batches else {}
+  # The critic RL starts with, scored on fresh batches (no fitting); a stop at the bar has read it already.
+  if why != "bar":
+    final = read_critic(attempts, rounds)
+    attempts += 1
   pre.hand_over_to_rl()
   out = {f"value_pretrain/{k}": x for k, x in final.items()}
   out.update({"value_pretrain/rounds": rounds, "value_pretrain/critic_steps": steps_done,
               "value_pretrain/seconds": spent, "value_pretrain/cap_steps": int(v.steps),
               "value_pretrain/cap_seconds": float(v.max_seconds),
-              "value_pretrain/stopped_at_" + why: 1.0})
+              "value_pretrain/stopped_at_" + why: 1.0,
+              # readouts of `readout_tasks` tasks played: the final one, and any that did not confirm the bar
+              "value_pretrain/readouts": attempts})
   ratio, _, _ = critic_bar.ratio_of(final)
   if ratio is not None:
     out["value_pretrain/ev_over_oracle"] = ratio
