@@ -174,3 +174,17 @@ def test_whiten_updates_lr_and_kl_reach_the_config_and_name_the_cell_only_when_s
   for bad, field in (("updates=0", "updates=0"), ("lr=0", "lr=0"), ("lr=2", "lr=2"), ("kl=-0.1", "kl=-0.1")):
     with pytest.raises(ValueError, match=field):
       get_config(f"probe=delayed,{bad}")
+
+
+def test_every_critic_warm_start_has_no_wall_time_cap_and_stops_on_its_readouts(tmp_path):
+  """Each critic job the runner lists (full and partial, every horizon) pretrains with no wall-time cap, the bar
+  stop on and its readout on 256 tasks: where a critic stops must not depend on the machine's load (the H=32
+  critic took 928 s for 33 rounds on a lightly loaded core; 3,600 s would bind under two parallel jobs).
+  Break checked: configs/study.py without `value_pretrain.max_seconds = 0` (3,600 s: every critic fails)."""
+  cmds, _ = _dry_run(tmp_path)
+  critics = [_arg(c, "--config").split(":", 1)[1] for c in cmds if "stage=critic" in _arg(c, "--config")]
+  assert len(critics) == 6
+  for name in critics:
+    v = get_config(name).value_pretrain
+    assert (v.max_seconds, v.stop_at_bar, v.readout_tasks) == (0.0, True, 256), name
+    assert v.stop_at_ratio == (round3.PARTIAL_RATIO if "vpr=" in name else 0.0), name
