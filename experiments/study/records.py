@@ -162,7 +162,18 @@ def critic_record(workdir: str, name: str, prov: dict | None = None) -> dict | N
                                                     *ends, "readout_sessions")}
   warm, _, seed = name.rpartition(",critic,seed=")
   return {"schema": SCHEMA, "kind": "critic", "warm": warm, "seed": int(seed), **(prov or provenance()),
-          "readout": out, "wall_s": (_json(os.path.join(workdir, "wall.json")) or {}).get("wall_s")}
+          "readout": out, **stop_of(r), "wall_s": (_json(os.path.join(workdir, "wall.json")) or {}).get("wall_s")}
+
+
+def stop_of(final: dict) -> dict:
+  """How value pretraining ended, from its final metrics line: why it stopped (bar, ratio, plateau, steps,
+  seconds), after how many rounds, and how many readouts of `readout_tasks` tasks it played (the final one
+  and any that did not confirm the bar; a stage from before the confirmation existed played exactly one and
+  logged no count)."""
+  why = [k.rsplit("stopped_at_", 1)[1] for k, x in final.items() if "/stopped_at_" in k and x]
+  rounds = final.get("value_pretrain/rounds")
+  return {"stopped": why[0] if why else None, "rounds": None if rounds is None else int(rounds),
+          "readouts": int(final.get("value_pretrain/readouts", 1))}
 
 
 CEILING_TASKS = 256  # the RL cells' eval tasks (configs/study.py): the ceiling is measured on the same ones

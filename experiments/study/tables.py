@@ -288,7 +288,10 @@ def critic_warm_table(crit: dict, states: bool = False) -> str:
     word = bar_of(ratio, lo, hi)
     point = "" if bar_of(None, lo, hi) else " (point)"  # no interval's ends: the point ratio decided
     bar = "not judged (no oracle EV)" if word is None else ("**no**" if word == "no" else word) + point
-    rows.append([kv.get("probe"), kv.get("horizon"), *([critic_state_word(kv)] if states else []), seed,
+    stop = rec.get("stopped")
+    how = ("—" if stop is None else
+           f"{stop} after {rec.get('rounds')} rounds, {rec.get('readouts')} readout{'s' * (rec.get('readouts') != 1)}")
+    rows.append([kv.get("probe"), kv.get("horizon"), *([critic_state_word(kv), how] if states else []), seed,
                  r.get("critic_steps"), _num(r.get("readout_sessions"), "{}"),
                  with_ends(r["explained_variance"], "explained_variance"),
                  with_ends(r["oracle_explained_variance"], "oracle_explained_variance"),
@@ -298,8 +301,13 @@ def critic_warm_table(crit: dict, states: bool = False) -> str:
           f"explained variance of Monte-Carlo returns, the oracle critic's, their ratio (bar: {CRITIC_BAR}; "
           "[95% session-bootstrap interval]) and the value gap between the two turn-0 decisions. At the bar: "
           f"yes when the ratio's interval lies at or above {CRITIC_BAR}, **no** when below it, uncertain when it "
-          "straddles it; (point): a record without an interval, judged on the point ratio.\n\n"
-          + _table(["probe", "horizon", *(["critic"] if states else []), "seed", "critic steps", "readout sessions",
+          "straddles it; (point): a record without an interval, judged on the point ratio."
+          + (" Stopped: why value pretraining ended (bar: the pooled window of its last rounds read at the bar "
+             "and a readout of the critic on the fresh tasks confirmed it; ratio: a partial critic's target "
+             "reached), after how many rounds, and how many readouts it played (each unconfirmed bar adds one)."
+             if states else "") + "\n\n"
+          + _table(["probe", "horizon", *(["critic", "stopped"] if states else []), "seed", "critic steps",
+                    "readout sessions",
                     "EV", "oracle EV", "EV / oracle", "decision gap", "oracle gap", "at the bar"], rows))
 
 

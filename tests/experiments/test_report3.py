@@ -114,9 +114,9 @@ def test_the_ladders_e6_textworld_and_the_critics_before_rl_are_printed(fx):
   records.write(fx["dir"], tg.fake_critic(partial.warm + f",vpr={round3.PARTIAL_RATIO:g}", 0.3, 0.6))
   _, text = run(fx["dir"], str(fx["tmp"] / "again.md"), fx["exps"])
   crit = text.split("## The critics before RL\n\n")[1].split("\n## ")[0]
-  assert "| probe | horizon | critic | seed |" in crit
-  assert "| delayed | 2 | full (stopped at the bar) | 0 | 160 |" in crit
-  assert "| delayed | 8 | partial (stopped at 0.3 x the oracle's EV) | 0 | 160 |" in crit
+  assert "| probe | horizon | critic | stopped | seed |" in crit
+  assert "| delayed | 2 | full (stopped at the bar) | — | 0 | 160 |" in crit
+  assert "| delayed | 8 | partial (stopped at 0.3 x the oracle's EV) | — | 0 | 160 |" in crit
 
 
 def test_the_probe_table_shows_the_warm_starts_turn_0_shares_beside_the_per_seed_ceiling(fx):

@@ -155,3 +155,28 @@ def test_critic_record_keeps_the_intervals(tmp_path):
   (tmp_path / "metrics.jsonl").write_text(json.dumps(old) + "\n")
   r = records.critic_record(str(tmp_path), "probe=delayed,horizon=8,critic,seed=0", prov={"commit": "x"})["readout"]
   assert r["ev_over_oracle_lo"] is None and r["readout_sessions"] is None
+
+
+def test_critic_record_says_how_value_pretraining_stopped_and_round_3s_table_shows_it(tmp_path):
+  """records.critic_record keeps why the stage stopped, after how many rounds and how many readouts it played
+  (3: two unconfirmed bars, then the final); a stage from before the count played one. Round 3's critic table
+  prints it; round 2's table stays as it was (no column).
+
+  Breaks caught: `stop_of` reading the stop reason off the wrong key (stopped None: the column says '—');
+  the readouts defaulting to 0 for an old stage (its row would say '0 readouts')."""
+  final = {"step": 43, "stage": "value_pretrain", "value_pretrain/final": 1.0, "value_pretrain/rounds": 43,
+           "value_pretrain/readouts": 3, "value_pretrain/stopped_at_bar": 1.0,
+           **{f"value_pretrain/{k}": v for k, v in readout(0.26, 0.26, (0.99, 1.01), sessions=2048).items()}}
+  (tmp_path / "metrics.jsonl").write_text(json.dumps(final) + "\n")
+  name = "probe=delayed,horizon=32,cue=true,critic,seed=0"
+  rec = records.critic_record(str(tmp_path), name, prov={"commit": "x"})
+  assert (rec["stopped"], rec["rounds"], rec["readouts"]) == ("bar", 43, 3)
+  crit = {("probe=delayed,horizon=32,cue=true", 0): rec}
+  row = "| full (stopped at the bar) | bar after 43 rounds, 3 readouts | 0 |"
+  assert row in tables.critic_warm_table(crit, states=True)
+  assert "readouts" not in tables.critic_warm_table(crit)
+  old = {k: v for k, v in final.items() if k != "value_pretrain/readouts"}
+  (tmp_path / "metrics.jsonl").write_text(json.dumps(old) + "\n")
+  rec = records.critic_record(str(tmp_path), name, prov={"commit": "x"})
+  assert "bar after 43 rounds, 1 readout |" in tables.critic_warm_table({("probe=delayed,horizon=32,cue=true", 0): rec},
+                                                                          states=True)

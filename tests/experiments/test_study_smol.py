@@ -19,7 +19,7 @@ from mtrl_jax.envs import registry
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 # configs/study.py before it had a `model` argument: the byte cells must build the same config from it.
-BEFORE = "e7f300b"  # the readout size of the critic stage: the last deliberate change to the byte cells
+BEFORE = "11f557b"  # value pretraining without a wall-time cap: the last deliberate change to the byte cells
 BYTE_CELLS = ("probe=delayed,horizon=2,stage=warm", "probe=delayed,horizon=8,arm=gae_lambda0.95,seed=3",
               "probe=delayed,horizon=32,stage=critic", "probe=revisit,horizon=16,arm=gigpo,shuffle=true",
               "probe=bifurcation,horizon=8,arm=tree,runlocal=true", "probe=keydoor,horizon=5,stage=warm",
