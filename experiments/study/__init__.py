@@ -13,10 +13,12 @@ The modules, each importing only those above it in this list (no cycle):
   stats.py     paired differences, t intervals, Holm, dz, MDE, the verdict words (numpy, scipy)
   records.py   one small JSON record per finished job (with the code it was made by), and where they live
   versions.py  which code made each record; the refusal to compare records of differing code
+  starts.py    whether a root's warm starts and critics are the ones their records name (checked before runs)
   runner.py    the resumable runner on experiments/sweep.py's job runner (`python -m experiments.study`)
   verdicts.py  each cell's numbers, every claim's paired tests, Holm, the verdicts
   tables.py    the report's tables and figures
   prose.py     the report's fixed text: what the statistics and the setup are
+  machines.py  how far another machine moves round 3's numbers (the round's records vs a replica's)
   graded.py    round 3's graded controls per probe (the smallest effect detected) and the claims' bound by them
   interaction.py  round 3's pre-registered interaction tests (per-seed double differences), each its own Holm family
   report3.py   docs/STUDY3.md, round 3's report, from its records alone (report.py --round 3)

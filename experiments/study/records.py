@@ -22,7 +22,10 @@ last two absent from records written before they existed), every
 eval (step, tokens seen, tasks, sampled success / return), the rollout curve
 (step, tokens, success) and its token-weighted AUC, the critic's explained
 variance and the oracle's during RL (means over updates), the share of
-invalid actions per update (max, mean), the mean staleness and the wall time.
+invalid actions per update (max, mean), the mean staleness, the wall time and
+the machine (`machine`: the runner's wall.json; absent from records written
+before it existed). A warm record also keeps `sft_loss`, the last logged
+behaviour-cloning loss: the fingerprint starts.py compares a rebuilt warm start by.
 """
 from __future__ import annotations
 
@@ -88,6 +91,45 @@ def provenance(repo: str = REPO) -> dict:
   return {"commit": sha, "dirty": tree != head, "tree": tree}
 
 
+# The vector extensions XLA's CPU code generator may pick between (what a record's `machine.isa` lists).
+ISA_FLAGS = ("avx2", "fma", "avx512f", "avx512_bf16", "avx512_fp16", "avx512_vnni", "amx_tile")
+
+
+def machine() -> dict:
+  """The machine a job runs on, as far as it shapes the numbers: the CPU's model name (XLA's CPU code and its
+  summation order follow the processor: the round-3 starts rebuilt on an Intel Xeon differed from the AMD
+  EPYC's records, docs/STUDY_ROUND3.md), its cores, and the jax/jaxlib versions. The runner writes it beside
+  each finished job's wall time (wall.json); a record written before it existed has none."""
+  import platform
+  info: dict = {}
+  try:  # the first processor's fields (a VM may name its CPU only "Intel(R) Xeon(R) Processor": keep its model)
+    with open("/proc/cpuinfo") as f:
+      for ln in f:
+        if not ln.strip():
+          break
+        k, _, v = ln.partition(":")
+        info.setdefault(k.strip(), v.strip())
+  except OSError:
+    pass
+  flags = set(info.get("flags", "").split())
+  out = {"cpu": info.get("model name") or platform.processor() or platform.machine(),
+         "vendor": info.get("vendor_id"), "family_model": f"{info.get('cpu family')}/{info.get('model')}"
+         if info else None, "isa": [x for x in ISA_FLAGS if x in flags], "cores": os.cpu_count()}
+  try:
+    import jax
+    import jaxlib
+    out.update(jax=jax.__version__, jaxlib=jaxlib.__version__)
+  except ImportError:
+    pass
+  return out
+
+
+def _wall(workdir: str) -> dict:
+  """The runner's wall.json of a finished job: {"wall_s": ..., "machine": ...} (either may be absent)."""
+  w = _json(os.path.join(workdir, "wall.json")) or {}
+  return {"wall_s": w.get("wall_s"), "machine": w.get("machine")}
+
+
 def _json(path: str) -> dict | None:
   try:
     with open(path) as f:
@@ -143,8 +185,7 @@ def run_record(workdir: str, cell: str, seed: int, args: dict, prov: dict | None
           "auc": stats.auc(tokens, succ),
           "critic": critic,
           "invalid_share": {"max": max(invalid), "mean": float(np.mean(invalid))} if invalid else None,
-          "staleness": float(np.mean(stale)) if stale else None,
-          "wall_s": (_json(os.path.join(workdir, "wall.json")) or {}).get("wall_s")}
+          "staleness": float(np.mean(stale)) if stale else None, **_wall(workdir)}
 
 
 def critic_record(workdir: str, name: str, prov: dict | None = None) -> dict | None:
@@ -162,7 +203,7 @@ def critic_record(workdir: str, name: str, prov: dict | None = None) -> dict | N
                                                     *ends, "readout_sessions")}
   warm, _, seed = name.rpartition(",critic,seed=")
   return {"schema": SCHEMA, "kind": "critic", "warm": warm, "seed": int(seed), **(prov or provenance()),
-          "readout": out, **stop_of(r), "wall_s": (_json(os.path.join(workdir, "wall.json")) or {}).get("wall_s")}
+          "readout": out, **stop_of(r), **_wall(workdir)}
 
 
 def stop_of(final: dict) -> dict:
@@ -232,8 +273,15 @@ def warm_record(workdir: str, name: str, prov: dict | None = None) -> dict | Non
   return {"schema": SCHEMA, "kind": "warm", "warm": name, **(prov or provenance()),
           "sft_steps": (cfg.get("sft") or {}).get("steps"), "success": _f(sft[-1]["eval/success"]),
           "greedy_success": _f(sft[-1].get("eval/greedy_success")), **decision_shares(sft[-1]), "ceiling": top,
-          "ceiling_tasks": CEILING_TASKS if top is not None else None,
-          "wall_s": (_json(os.path.join(workdir, "wall.json")) or {}).get("wall_s")}
+          "ceiling_tasks": CEILING_TASKS if top is not None else None, "sft_loss": sft_loss(workdir),
+          **_wall(workdir)}
+
+
+def sft_loss(workdir: str) -> float | None:
+  """The behaviour-cloning loss of the warm start's last logged step, to the last digit: a fingerprint of its
+  parameters finer than its evals (two warm starts whose evals agree on 64 tasks can still differ; starts.py)."""
+  loss = [r["sft/loss"] for r in read_metrics(workdir) if r.get("stage") == "sft" and r.get("sft/loss") is not None]
+  return float(loss[-1]) if loss else None
 
 
 def ceiling_record(probe: str, horizon: int, prov: dict | None = None, args: dict | None = None,

@@ -18,6 +18,13 @@ the others from their checkpoints. Every finished run, warm start and critic
 warm start leaves a small record in the repo, docs/study/{runs,warm,critics}/
 (records.py; `--records` moves or turns them off): the report reads only those.
 
+A run that already has its record there is skipped (`--rerun` runs it again and overwrites the record, so
+`git diff` shows what did not reproduce). Before any run, every warm start and critic warm start the runs
+begin from, built now or found done in ROOT, is compared with its record (starts.py): a start rebuilt on
+another CPU kind can be another start, and then none of the runs that begin from it, or from the policy warm
+start under it, is launched; the record is kept, the rebuilt one goes to ROOT/start_mismatch/, and the
+command exits 1 after running the rest.
+
 The jobs run through experiments/sweep.py's `run_jobs` (processes, or one
 after another in this process with `--in_process`). The probe table
 (`--probes`) builds the warm start of every probe task and reports how often
@@ -49,6 +56,7 @@ import time
 
 from experiments.study import records
 from experiments.study import round3
+from experiments.study import starts
 from experiments.study.plan import (CONFIG, LAB_HORIZON, LAB_PROBES, PROBES, Cell, critic_warm, experiment,
                                     plan, planned_runs, policy_warm, warm_name)
 from experiments.sweep import REPO, command, is_done, run_jobs
@@ -98,7 +106,7 @@ def _pool(jobs, parallel: int, what: str, on_done=None, in_process: bool = False
     done += 1
     if rc == 0:  # the record's wall time (records.py reads it)
       with open(os.path.join(workdirs[name], "wall.json"), "w") as f:
-        json.dump({"wall_s": secs}, f)
+        json.dump({"wall_s": secs, "machine": records.machine()}, f)
     status = "ok" if rc == 0 else f"FAILED rc={rc}"
     left = (time.time() - t0) / done * (len(jobs) - done)
     print(f"[{what} {done}/{len(jobs)} {secs:6.1f}s, ~{left / 60:.0f} min left] {status}: {name}", flush=True)
@@ -131,6 +139,10 @@ def main(argv=None) -> int:
   p.add_argument("--in_process", action="store_true",
                  help="the warm starts, critics and runs one after another in this process "
                       "(experiments/inprocess.py): runs of equal shapes compile once; needs --parallel 1")
+  p.add_argument("--rerun", action="store_true",
+                 help="also run the runs that already have a record in the records folder (they are skipped "
+                      "by default: a fresh root would otherwise redo and overwrite them); their new records "
+                      "overwrite the old, so `git diff` shows what did not reproduce")
   p.add_argument("--dry_run", action="store_true")
   p.add_argument("--python", default=sys.executable)
   p.add_argument("--records", default=None,
@@ -194,6 +206,19 @@ def main(argv=None) -> int:
     print(json.dumps({"dry_run": True, "warm_starts": len(warm_jobs), "critic_warm_starts": len(critic_jobs),
                       "runs": len(run_jobs)}))
     return 0
+  if a.records and not a.rerun:  # a recorded run is done wherever it ran; its start need not be rebuilt
+    recorded = {n for n in runs if os.path.exists(os.path.join(a.records, "runs", n.rpartition(",seed=")[0],
+                                                               f"seed={n.rpartition(',seed=')[2]}.json"))}
+    if recorded:
+      print(f"study: {len(recorded)} of {len(runs)} runs already recorded in {a.records}: skipped "
+            "(--rerun runs them again)", flush=True)
+      runs = {n: c for n, c in runs.items() if n not in recorded}
+      run_jobs = [j for j in run_jobs if j[0] in runs]
+      keep = {c.warm for c in runs.values()} | ({warm_name(*pr, a.model) for pr in PROBES} if a.probes else set())
+      keep |= {cw for n, c in runs.items() if (cw := critic_warm(c, int(n.rsplit("seed=", 1)[1])))}
+      warm_jobs = [j for j in warm_jobs if j[0] in keep]
+      critic_jobs = [j for j in critic_jobs if j[0] in keep]
+      warms = [w for w in warms if w in keep]
   os.makedirs(root, exist_ok=True)
   if a.model == "smol":  # --parallel N processes share one GPU: none may take 75% of its memory up front
     os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
@@ -212,7 +237,9 @@ def main(argv=None) -> int:
   warm_todo = [j for j in warm_jobs if not _warm_done(j[2])]
   print(f"study: {len(warm_todo)} of {len(warm_jobs)} warm starts to build, parallel={a.parallel}", flush=True)
   def record(name, workdir):  # the record of a finished job, in the repo (records.py)
-    if a.records:
+    # A start's record is what the recorded runs started from: a rebuild never replaces it (starts.check
+    # compares the two before any run).
+    if a.records and (name in runs or starts.recorded(a.records, name) is None):
       write_record(a.records, runs, name, workdir)
     if a.model == "smol" and name in runs:
       # A finished run is done (its metrics say so, its record holds them) and nothing starts from it;
@@ -224,16 +251,31 @@ def main(argv=None) -> int:
     print(f"study: warm starts failed: {failed}; relaunch to retry", file=sys.stderr)
     print(json.dumps({"warm_starts": len(warm_jobs), "warm_failed": failed}))
     return 1
-  critic_todo = [j for j in critic_jobs if not _critic_done(j[2])]
+  # A policy warm start that already differs from its record (its evals, its sft_loss where recorded) needs no
+  # critic built on it: none of its runs will be launched (below).
+  bad_warm = starts.check(a.records, root, [w for w, _, _ in warm_jobs]) if a.records else {}
+  critic_todo = [j for j in critic_jobs if not _critic_done(j[2]) and policy_warm(j[0]) not in bad_warm]
   print(f"study: {len(critic_todo)} of {len(critic_jobs)} critic warm starts to build", flush=True)
   failed = _pool(critic_todo, a.parallel, "critic", record, in_process=a.in_process)
   if failed:
     print(f"study: critic warm starts failed: {failed}; relaunch to retry", file=sys.stderr)
     print(json.dumps({"warm_starts": len(warm_jobs), "critic_failed": failed}))
     return 1
+  bad, refused = {}, []
+  if a.records:  # every start the runs begin from, as built here, against its record (starts.py)
+    names = [c for c, _, _ in critic_jobs if policy_warm(c) not in bad_warm]
+    names += [n for n in _root_critics(root) if policy_warm(n) in warms and n not in names
+              and policy_warm(n) not in bad_warm]
+    bad = {**bad_warm, **starts.check(a.records, root, names)}
+    if bad:
+      refused = starts.refused(runs, bad)
+      print(starts.message(bad, len(refused), root), file=sys.stderr, flush=True)
+      run_jobs = [j for j in run_jobs if j[0] not in set(refused)]
+  mismatch = {"start_mismatch": sorted(bad), "refused": len(refused)} if bad else {}
   if a.warm_only:
-    print(json.dumps({"warm_starts": len(warm_jobs), "critic_warm_starts": len(critic_jobs), "warm_failed": []}))
-    return 0
+    print(json.dumps({"warm_starts": len(warm_jobs), "critic_warm_starts": len(critic_jobs), "warm_failed": [],
+                      **mismatch}))
+    return 1 if bad else 0
   todo = [j for j in run_jobs if not is_done(j[2])]
   if a.lab:
     for probe in LAB_PROBES:
@@ -244,7 +286,11 @@ def main(argv=None) -> int:
         todo.insert(0, job)  # first: the longest jobs, so the pool does not end on one
   print(f"study: {len(todo)} of {len(run_jobs)} runs to go, root={root}", flush=True)
   failed = _pool(todo, a.parallel, "run", record, in_process=a.in_process)
-  summary = {"warm_starts": len(warm_jobs), "runs": len(run_jobs), "ran": len(todo), "failed": failed}
+  summary = {"warm_starts": len(warm_jobs), "runs": len(run_jobs), "ran": len(todo), "failed": failed, **mismatch}
+  if bad:
+    print(f"study: {len(refused)} runs not launched: their starts differ from the records (above)", file=sys.stderr)
+    print(json.dumps(summary))
+    return 1
   if failed:
     print(f"study: {len(failed)} runs failed: {', '.join(failed)}; relaunch to retry", file=sys.stderr)
     print(json.dumps(summary))
@@ -272,6 +318,13 @@ def write_record(out: str, runs: dict, name: str, workdir: str) -> str | None:
   else:
     rec = records.warm_record(workdir, name)
   return records.write(out, rec) if rec else None
+
+
+def _root_critics(root: str) -> list[str]:
+  """The critic warm starts finished in ROOT (each one a fine-grained witness of the policy warm start under it)."""
+  d = os.path.join(root, "warm")
+  return sorted(n for n in (os.listdir(d) if os.path.isdir(d) else [])
+                if ",critic,seed=" in n and _critic_done(os.path.join(d, n)))
 
 
 def _critic_done(workdir: str) -> bool:

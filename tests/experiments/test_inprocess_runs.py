@@ -271,7 +271,7 @@ def test_study_in_process_runs_main_jobs_here_and_the_lab_in_its_own_process(tmp
   its flags, a lab command (not the main job) still as a process; finished runs get wall.json.
   Catches the lab pushed through the main-job runner, or in_process ignored."""
   from experiments import sweep
-  from experiments.study import runner
+  from experiments.study import records, runner
   from mtrl_jax import inprocess
   ran_here, ran_apart = [], []
   monkeypatch.setattr(inprocess, "run_argv", lambda argv, log_path=None: (ran_here.append(argv), (0, 1.5))[1])
@@ -290,4 +290,4 @@ def test_study_in_process_runs_main_jobs_here_and_the_lab_in_its_own_process(tmp
   assert ran_here == [["--config=configs/study.py:x", f"--workdir={main_wd}"]]
   assert ran_apart == [jobs[1][1]]
   with open(os.path.join(main_wd, "wall.json")) as f:
-    assert json.load(f) == {"wall_s": 1.5}
+    assert json.load(f) == {"wall_s": 1.5, "machine": records.machine()}

@@ -113,7 +113,7 @@ def test_the_warm_record_keeps_the_turn_0_decision_shares_sampled_and_greedy(tmp
   plain = {"eval/success": 0.64, "eval/greedy_success": 0.94, "eval/decision_left": 0.6, "eval/decision_right": 0.4}
   rec2 = records.warm_record(_warm_workdir(tmp_path / "w2", plain), "probe=delayed,horizon=8", PROV)
   assert set(rec2) == {"schema", "kind", "warm", "commit", "dirty", "tree", "sft_steps", "success",
-                       "greedy_success", "ceiling", "ceiling_tasks", "wall_s"}
+                       "greedy_success", "ceiling", "ceiling_tasks", "sft_loss", "wall_s", "machine"}
 
 
 def test_the_round_3_runner_writes_the_ceilings_of_the_probes_it_runs(tmp_path, monkeypatch):
