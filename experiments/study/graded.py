@@ -13,8 +13,10 @@ q-controls that separated on that metric; "none detected" when none did.
 The rule for the claims (issue 41 item 2). A claim that is neither reproduced nor reversed after Holm may read
 "no difference larger than x" (x its MDE) only when, on every metric it has an MDE on, its MDE there is at
 or above the smallest detected control effect there, for every reference that judges it (`references`
-below); x is then its largest MDE. It reads "underpowered (no graded control of R separated on this probe)"
-when some reference R that judges it had no control separate on its probe (on any metric), else
+below); x is then its largest MDE. It reads "not yet testable" while some reference R that judges it has
+fewer than 2 seeds paired in every control of its probe (no paired test exists yet: an interim state, never
+at the registered seeds), "underpowered (no graded control of R separated on this probe)" when some
+reference R had no control separate on its probe (on any metric), else
 "inconclusive (MDE ...; the design's smallest detected control effect on this probe is ...)" naming the
 metric where it fell short. Reproduced, not reproduced, not
 tested and identical claims keep the words verdicts.py gives them.
@@ -101,6 +103,11 @@ class Ladder(NamedTuple):
   def detected(self) -> bool:
     return any(self.smallest(m) for m in METRICS)
 
+  def most_paired(self) -> int:
+    """The most seeds any tested rung pairs with its reference on any metric (0: no rung could be tested).
+    Below 2 no rung has a paired test, so "nothing separated" would say nothing of the design's power."""
+    return max((len(seeds) for r in self.rungs if not r.untested for seeds, _ in r.tests.values()), default=0)
+
 
 def _ref_key(cell) -> tuple[str, str]:
   state = round3.critic_state(cell)
@@ -149,6 +156,10 @@ def bound_words(exp, it: dict, lad: dict) -> str:
   refs = references(exp, it["a"], it["b"])
   mdes = {m: x for m, x in claim_mdes(it).items() if x is not None and x == x and x != float("inf")}
   got = {ref: lad.get((cell.warm, ref)) for ref in refs}
+  for ref, g in got.items():  # a reference with too few paired seeds has not been tried yet: say so first
+    if g is not None and not g.detected() and (n := g.most_paired()) < 2:
+      return (f"not yet testable (the graded controls of {ref_name(ref)} have {n} paired "
+              f"seed{'' if n == 1 else 's'} on this probe: a paired test needs 2)")
   for ref, g in got.items():  # a reference whose controls saw nothing leaves the claim unbacked at any size
     if g is None or not g.detected():
       return (f"underpowered (no graded control of {ref_name(ref)} "
@@ -196,9 +207,9 @@ def experiment_word(verdicts: list[str]) -> str:
   """An experiment's word over its claims' words: not reproduced if one is, reproduced if all tested ones
   are; else the unresolved ones decide: underpowered if one is, else inconclusive if one is, else no
   difference larger than the largest x among them."""
-  tested = [v for v in verdicts if not v.startswith("not tested")]
-  if not tested:
-    return "not tested"
+  tested = [v for v in verdicts if not v.startswith(("not tested", "not yet testable"))]
+  if not tested:  # "not yet testable" (too few paired seeds so far) is not a verdict on the design
+    return "not yet testable" if any(v.startswith("not yet testable") for v in verdicts) else "not tested"
   if any(v.startswith("not reproduced") for v in tested):
     return "not reproduced"
   if all(v.startswith("reproduced") for v in tested):

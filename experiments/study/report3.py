@@ -41,8 +41,9 @@ control** (below), not the second round's shuffle-everything control: it may rea
 x" (x its MDE) only where x is at or above the smallest control effect the design detected on its probe, on
 every metric it has an MDE on, for every reference that judges it (a GAE-family arm by gae_lambda0.95 with the
 full critic, a critic-free arm by ms_grpo, a claim between the two by both); below that it is **inconclusive**
-(the design was not shown to see effects that small), and **underpowered** where a judging reference's
-controls detected nothing on the probe. Each claim line names each side's critic state at the start of RL:
+(the design was not shown to see effects that small), **underpowered** where a judging reference's
+controls detected nothing on the probe, and **not yet testable** while a judging reference's controls have
+fewer than 2 seeds paired (an interim state: no paired test exists yet). Each claim line names each side's critic state at the start of RL:
 none (value pretraining off), partial (stopped at {round3.PARTIAL_RATIO} of the oracle's EV), full (the bar),
 or critic-free. **The pre-registered interaction** (E1's horizon x lambda under the partial critic) is its own
 Holm family, separate from the claims': per seed (a_hi - b_hi) - (a_lo - b_lo), predicted > 0, tested two-sided
@@ -142,9 +143,12 @@ graded positive control per probe. The second round's report, docs/STUDY.md, is 
 Generated: {date}
 Runs: {n_done} recorded, {n_missing} missing (of the plan: every cell x seed).
 
-Reproduce (CPU, resumable; each finished run writes its record under docs/study3/):
+Continue the round (CPU, resumable; each finished run writes its record under docs/study3/, a run already recorded
+is skipped), or reproduce it (`--rerun`: the recorded runs too, their records overwritten, so `git diff docs/study3`
+shows what did not reproduce). Either way every start the runs begin from is first checked against its record
+(experiments/study/starts.py): a start rebuilt on another CPU kind can differ, and its runs are then not launched.
 ```bash
-python -m experiments.study --round 3 --root ROOT --parallel 2
+python -m experiments.study --round 3 --root ROOT --parallel 2 [--rerun]
 python -m experiments.study.report --round 3
 ```"""
 

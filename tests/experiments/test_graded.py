@@ -155,6 +155,36 @@ def test_a_ladder_where_nothing_separates_reads_none_detected_and_its_claims_und
       "underpowered (no graded control of ms_grpo separated on this probe)"
 
 
+def test_a_ladder_with_one_paired_seed_reads_not_yet_testable_not_underpowered(tmp_path):
+  """The fixture with h8's ms_grpo controls recorded at seed 0 only (an interim state: the round's runs land
+  seed by seed): no rung has a paired test, so the critic-free claim at h8 reads 'not yet testable', naming
+  the reference and its one paired seed, and the experiment's word skips it; h2's claim, whose ladder has 8
+  paired seeds and detected nothing, still reads underpowered.
+
+  Breaks checked: the not-yet-testable branch removed from `bound_words` reads 'underpowered (no graded
+  control of ms_grpo separated on this probe)' at h8; `Ladder.most_paired` counting the reference's seeds
+  (8) instead of the pairs reads underpowered too."""
+  exp = experiment()
+  write(str(tmp_path), exp)
+  for q in round3.GRADED_Q:
+    for s in range(1, 8):
+      os.remove(os.path.join(str(tmp_path), "runs", exp.cell(round3.control_label("ms_grpo", "", q, 8)).name,
+                             f"seed={s}.json"))
+  got = records.load(str(tmp_path))
+  from experiments.study.verdicts import cell_stats, study_tests
+  cs = {exp.id: cell_stats(exp, got["runs"], got["critics"])}
+  items = study_tests([exp], cs)["items"]
+  lad = graded.study_ladders([exp], cs)
+  assert lad[(round3.ms_grpo_cell(8).warm, graded.CRITIC_FREE_REFERENCE)].most_paired() == 1
+  fx = {"exp": exp, "items": items, "lad": lad}
+  assert _words(fx, "ms_grpo h8", "trajectory grpo h8") == (
+      "not yet testable (the graded controls of ms_grpo have 1 paired seed on this probe: a paired test needs 2)")
+  assert _words(fx, "ms_grpo h2", "trajectory grpo h2") == (
+      "underpowered (no graded control of ms_grpo separated on this probe)")
+  text = graded.graded_report(str(tmp_path), experiments=(exp,))
+  assert "**EX: underpowered** (graded fixture)" in text
+
+
 def test_a_claims_mde_above_the_smallest_detected_effect_bounds_it_and_below_does_not(fx):
   """h8's GAE claim, MDE 0.060 >= h8's GAE ladder's 0.040: 'no difference larger than 0.060'; h2's, MDE 0.060
   < h2's 0.100: inconclusive naming 0.100 at q=0.5; h8's critic-free claim, MDE 0.100 >= ms_grpo h8's 0.080
@@ -216,10 +246,14 @@ def test_every_verdict_line_names_its_claim_and_each_sides_critic_state(fx):
     (["inconclusive (MDE 0.010 ...)", "underpowered (no graded ...)"], "underpowered"),
     (["reproduced", "reproduced (critic uncertain)"], "reproduced"),
     (["reproduced", "not reproduced"], "not reproduced"),
-    (["not tested (a)"], "not tested")])
+    (["not tested (a)"], "not tested"),
+    (["not yet testable (1 paired seed)", "inconclusive (MDE 0.010 ...)"], "inconclusive"),
+    (["not yet testable (1 paired seed)", "not tested (a)"], "not yet testable"),
+    (["not yet testable (1 paired seed)", "no difference larger than 0.050 (x)"], "no difference larger than 0.050")])
 def test_the_experiments_word_over_its_claims(words, want):
   """Breaks checked: 'no difference larger than' taking the smallest x (min) fails the second case; an
-  inconclusive claim outranking an underpowered one fails the fourth."""
+  inconclusive claim outranking an underpowered one fails the fourth; a not-yet-testable claim counted as
+  tested makes [not yet testable, not tested] 'no difference (identical on every seed)'."""
   assert graded.experiment_word(words) == want
 
 
