@@ -6,6 +6,7 @@ AUC = final - 0.1). Each test names the break it was checked against (edits made
 reverted).
 """
 import json
+import os
 
 import numpy as np
 import pytest
@@ -19,11 +20,16 @@ ROUND = {A_LABEL: [0.90, 0.80, 0.85, 0.95], B_LABEL: [0.88, 0.84, 0.80, 0.90]}
 REPLICA = {A_LABEL: [0.86, 0.83], B_LABEL: [0.88, 0.79]}
 
 
-def _write(out, values):
+MACHINE = {"cpu": "Some CPU", "vendor": "GenuineIntel", "family_model": "6/167", "cores": 2, "jaxlib": "0.10.2"}
+
+
+def _write(out, values, machine=None):
   for label, xs in values.items():
     for s, x in enumerate(xs):
       rec = fake_run(E5.cell(label).name, s, x)
       rec["auc"] = x - 0.1
+      if machine:
+        rec["machine"] = machine
       records.write(out, rec)
 
 
@@ -72,14 +78,38 @@ def test_each_claim_seed_in_both_folders_compares_its_paired_difference(got):
 
 
 def test_the_command_prints_the_tables_and_one_json_line(tmp_path, capsys):
-  """`python -m experiments.study.machines --a R --b P` (in process): the tables, then the summary as its
-  last line; a folder without runs/ is refused by name."""
+  """`python -m experiments.study.machines --a R --b P --out F` (in process): the machines of each folder's run
+  records first (the round's without a `machine` field: not recorded), the tables, then the summary as its
+  last line; F holds the header and the same tables; a folder without runs/ is refused by name.
+
+  Break checked: machines_of counting the round's records under the replica's label fails the first line."""
   a, b = str(tmp_path / "round"), str(tmp_path / "replica")
   _write(a, ROUND)
-  _write(b, REPLICA)
-  got = machines.main(["--a", a, "--b", b])
+  _write(b, REPLICA, MACHINE)
+  got = machines.main(["--a", a, "--b", b, "--out", str(tmp_path / "cmp.md")])
   out = capsys.readouterr().out.strip().splitlines()
+  assert out[0] == ("Machines (the run records' `machine`): round: not recorded (8 runs); replica: Some CPU "
+                    "(GenuineIntel 6/167), 2 cores, jaxlib 0.10.2 (4 runs).")
   assert json.loads(out[-1]) == got["summary"] and got["summary"]["runs"] == 4
+  written = (tmp_path / "cmp.md").read_text()
+  assert written.startswith("# Round 3 on two machines") and "\n".join(out[:-1]) in written
   with pytest.raises(SystemExit):
     machines.main(["--a", a, "--b", str(tmp_path / "nowhere")])
   assert "nowhere has no runs/ folder" in capsys.readouterr().err
+
+
+def test_the_committed_comparison_regenerates_from_the_committed_records(tmp_path, capsys):
+  """docs/study3_replica/COMPARISON.md is what machines.py makes of docs/study3/ and docs/study3_replica/ as
+  committed, byte for byte (its seed spreads come from docs/study3/, so a round record added without
+  regenerating it fails here); and every replica run record names one machine, not the round's.
+
+  Breaks checked: one replica record's final success edited by 0.01; the file edited by hand."""
+  repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+  a, b = os.path.join(repo, "docs", "study3"), os.path.join(repo, "docs", "study3_replica")
+  out = tmp_path / "COMPARISON.md"
+  got = machines.main(["--a", a, "--b", b, "--out", str(out)])
+  committed = open(os.path.join(b, "COMPARISON.md")).read()
+  assert out.read_text() == committed, ("docs/study3_replica/COMPARISON.md is stale: run python -m "
+                                        "experiments.study.machines --b docs/study3_replica --out "
+                                        "docs/study3_replica/COMPARISON.md")
+  assert len(got["summary"]["machines_b"]) == 1 and "not recorded" not in got["summary"]["machines_b"]
