@@ -50,6 +50,7 @@ RUNS = {
     "experiments/study/pilot3.py": (["--out", "{w}", "--table"], False),  # the table of an empty pilot folder
     # round 3's graded part from an empty record folder (every claim 'not tested'); the numbers: test_graded.py
     "experiments/study/graded.py": (["--records", "{d}"], False),
+    "experiments/study/machines.py": (["--b", "docs/study3_replica", "--out", "{d}/COMPARISON.md"], False),
     "benchmarks/rollout.py": (["--tasks", "2", "--group", "2", "--rows", "2", "--reps", "1", "--dim", "32",
                                "--layers", "1", "--max_turns", "2", "--budget", "16", "--latency_ms", "1",
                                "--prompt_chars", "40"], True),
