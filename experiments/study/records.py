@@ -30,6 +30,7 @@ behaviour-cloning loss: the fingerprint starts.py compares a rebuilt warm start 
 from __future__ import annotations
 
 import argparse
+import functools
 import glob
 import json
 import os
@@ -95,6 +96,7 @@ def provenance(repo: str = REPO) -> dict:
 ISA_FLAGS = ("avx2", "fma", "avx512f", "avx512_bf16", "avx512_fp16", "avx512_vnni", "amx_tile")
 
 
+@functools.cache  # read once a process: the runner writes it after every job
 def machine() -> dict:
   """The machine a job runs on, as far as it shapes the numbers: the CPU's model name (XLA's CPU code and its
   summation order follow the processor: the round-3 starts rebuilt on an Intel Xeon differed from the AMD

@@ -207,8 +207,8 @@ def main(argv=None) -> int:
                       "runs": len(run_jobs)}))
     return 0
   if a.records and not a.rerun:  # a recorded run is done wherever it ran; its start need not be rebuilt
-    recorded = {n for n in runs if os.path.exists(os.path.join(a.records, "runs", n.rpartition(",seed=")[0],
-                                                               f"seed={n.rpartition(',seed=')[2]}.json"))}
+    recorded = {n for n in runs if os.path.exists(records.path_of(a.records, {
+        "kind": "run", "cell": n.rpartition(",seed=")[0], "seed": int(n.rpartition(",seed=")[2])}))}
     if recorded:
       print(f"study: {len(recorded)} of {len(runs)} runs already recorded in {a.records}: skipped "
             "(--rerun runs them again)", flush=True)

@@ -56,11 +56,9 @@ def rebuilt_record(root: str, name: str) -> dict | None:
 
 def recorded(out: str, name: str) -> dict | None:
   """The record of start `name` in the records folder `out`, or None."""
-  if ",critic,seed=" in name:
-    warm, _, seed = name.rpartition(",critic,seed=")
-    path = os.path.join(out, "critics", f"{warm},seed={seed}.json")
-  else:
-    path = os.path.join(out, "warm", f"{name}.json")
+  warm, _, seed = name.rpartition(",critic,seed=")
+  path = records.path_of(out, {"kind": "critic", "warm": warm, "seed": seed} if warm else
+                         {"kind": "warm", "warm": name})
   try:
     with open(path) as f:
       return json.load(f)
