@@ -20,12 +20,12 @@ import dataclasses
 import datetime
 import os
 
-from experiments.study import graded, interaction, round3
+from experiments.study import graded, interaction, kinds, round3
 from experiments.study import records as records_mod
 from experiments.study.prose import cost
 from experiments.study.tables import (TEST_HEADER, _table, cell_table, comparison_rows, critic_table,
                                       critic_warm_table, cue_probe_table, format_check)
-from experiments.study.verdicts import cell_stats, claim_lines, identical, study_tests
+from experiments.study.verdicts import cell_stats, claim_lines, identical, kind_name, study_tests
 from experiments.study.versions import CodeCheck
 
 DEFAULT_OUT = os.path.join(records_mod.REPO, "docs", "STUDY3.md")
@@ -111,6 +111,28 @@ def experiment_section(exp, cs: dict, items: list) -> str:
          + "\n\n</details>", ""] if missing else [])])
 
 
+def _per_kind(got: dict, table) -> str:
+  """`table` of the round's own folder's records; with more machine kinds (amendment 1), one per kind's folder."""
+  if len(got["folders"]) < 2:
+    return table(got)
+  return "\n\n".join(f"**{kind_name(k)}** (`{k}`)\n\n" + table(g) for k, g in got["folders"].items())
+
+
+def machines_section(got: dict, claims: str) -> str:
+  """Amendment 1: which machine kind made which seeds, and the claims' differences per kind."""
+  by = {}
+  for (cell, seed), rec in got["runs"].items():
+    by.setdefault((rec["_kind"], kinds.horizon_of(cell)), set()).add(seed)
+  rows = [[kind_name(k), f"`{k}`", h, ", ".join(map(str, sorted(s)))] for (k, h), s in sorted(
+      by.items(), key=lambda x: (list(got["folders"]).index(x[0][0]), x[0][1]))]
+  return "\n".join([
+      "## Machine kinds (amendment 1)", "",
+      "A block (one horizon at one seed) is made on one machine kind from that kind's own starts "
+      "(docs/STUDY_ROUND3.md, amendment 1); the tests above pool every kind's seeds, and a critic's state is "
+      "judged on each kind's own critic. Seeds recorded, by kind:", "",
+      _table(["kind", "records", "horizon", "seeds"], rows), *(["", claims] if claims else [])])
+
+
 def interaction_section(tests: list[dict]) -> str:
   if not tests:
     return "## The pre-registered interaction\n\nNo experiment registered one."
@@ -137,7 +159,7 @@ graded positive control per probe. The second round's report, docs/STUDY.md, is 
 
 {STATS}
 
-**Data.** This file is generated from the per-run records in `{shown}` alone
+**Data.** This file is generated from the per-run records in {shown} alone
 (`python -m experiments.study.report --round 3`; schema in experiments/study/records.py).
 
 Generated: {date}
@@ -153,14 +175,22 @@ python -m experiments.study.report --round 3
 ```"""
 
 
-def report(records_dir: str, out: str, date: str | None = None, experiments=None, code: CodeCheck | None = None) -> dict:
+def report(records_dir: str, out: str, date: str | None = None, experiments=None, code: CodeCheck | None = None,
+           also=None) -> dict:
   """Writes `out` from the records in `records_dir`; returns every verdict. `experiments`: round3.EXPERIMENTS
-  unless given; `code`: the check of the records' code versions (default: round3.CODE_MAY_DIFFER, this git)."""
+  unless given; `code`: the check of the records' code versions (default: round3.CODE_MAY_DIFFER, this git).
+  `also`: more machine kinds' record folders to pool (amendment 1, kinds.py); by default the other kinds of
+  round3.MACHINE_KINDS when `records_dir` is the round's own folder, else none."""
+  if also is None:
+    own = os.path.abspath(records_dir) == os.path.abspath(kinds.folders()[0])
+    also = [d for d in kinds.folders()[1:] if os.path.isdir(d)] if own else []
+  dirs = [records_dir, *also]
   exps = tuple(dataclasses.replace(e, controls=()) for e in (round3.EXPERIMENTS if experiments is None else experiments))
   code = CodeCheck(round3.CODE_MAY_DIFFER, cache=os.path.join(records_dir, "code_diffs.json"),
                    where=round3.WHERE) if code is None else code
-  got = records_mod.load(records_dir)
-  cstats = {e.id: cell_stats(e, got["runs"], got["critics"]) for e in exps}
+  got = kinds.load_all(dirs=dirs)
+  first = os.path.relpath(os.path.abspath(records_dir), records_mod.REPO)
+  cstats = {e.id: cell_stats(e, got["runs"], got["critics"], got["kinds"] if also else None) for e in exps}
   ran = [e for e in exps if not e.cut and any(s["recs"] for s in cstats[e.id].values())]
   tests = study_tests(ran, cstats, code)
   items = tests["items"]
@@ -193,15 +223,19 @@ def report(records_dir: str, out: str, date: str | None = None, experiments=None
   shown = os.path.relpath(os.path.abspath(records_dir), records_mod.REPO)
   families = "; ".join(f"{f}: {n} p-values" for f, n in dict.fromkeys((t["family"], t["family_size"]) for t in inter))
   text = "\n\n".join([
-      header(n_done, len(planned) - n_done, date, shown if not shown.startswith("..") else records_dir),
+      header(n_done, len(planned) - n_done, date, ", ".join(
+          f"`{x}`" for x in [shown if not shown.startswith("..") else records_dir, *got["folders"]][:1]
+          + list(got["folders"])[1:])),
       "<!-- headline -->\n" + "\n".join(headline) + "\n<!-- /headline -->",
       f"Holm families: the claims and factor contrasts, {tests['family']} p-values (their tests x final success "
       f"and AUC); the pre-registered interaction, apart: {families or 'none'}.",
-      cost(got),
+      cost({"runs": got["runs"], **{k: {(rel, key): r for rel, g in got["folders"].items()
+                                         for key, r in g[k].items()} for k in ("critics", "warm")}}),
       "## The code behind the records\n\n" + code.section(got),
-      "## The probe: the warm start at the decisive turn and the ceiling\n\n"
-      + cue_probe_table(got["warm"], got["ceilings"], round3.probes(exps)),
-      "## The critics before RL\n\n" + critic_warm_table(got["critics"], states=True),
+      "## The probe: the warm start at the decisive turn and the ceiling\n\n" + _per_kind(
+          got, lambda g: cue_probe_table(g["warm"], g["ceilings"], round3.probes(exps))),
+      "## The critics before RL\n\n" + _per_kind(got, lambda g: critic_warm_table(g["critics"], states=True)),
+      *([machines_section(got, kinds.table(ran, cstats, items, first))] if also else []),
       graded.section(ran, cstats, items, lad).rstrip(),
       interaction_section(inter),
       *(experiment_section(e, cstats[e.id], items) for e in ran),

@@ -32,6 +32,11 @@ from experiments.study import plan
 from experiments.study.plan import SEEDS, Cell, Experiment
 
 HORIZONS = (2, 8, 32)
+# Amendment 1 (docs/STUDY_ROUND3.md, registered 2026-12-01 before its runs): the machine kinds that may add
+# whole seed blocks (one horizon at one seed), each with its own starts, in its own records folder (relative
+# to the repo). The first is the round's own. kinds.py reads this; the report pools every folder's runs.
+MACHINE_KINDS = (("docs/study3", "AMD EPYC (2 cores)"),
+                 ("docs/study3_xeon", "Intel Xeon, family 6 model 167 (2 cores)"))
 # The files this round's records may differ in: round 2's (plan.CODE_MAY_DIFFER) with two changes made after
 # the round's first registered runs, before any H=32 critic existed. The H=32 pilot critic stopped on a pooled
 # window of 0.948 [0.872, 1.03] and read 0.419 [0.33, 0.51] on fresh tasks (docs/STUDY_ROUND3.md), and under

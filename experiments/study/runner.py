@@ -54,6 +54,7 @@ import shutil
 import sys
 import time
 
+from experiments.study import kinds
 from experiments.study import records
 from experiments.study import round3
 from experiments.study import starts
@@ -123,8 +124,8 @@ def main(argv=None) -> int:
                               formatter_class=argparse.RawDescriptionHelpFormatter)
   p.add_argument("--root", required=True)
   p.add_argument("--only", default="", help="comma-separated experiment ids (default: all)")
-  p.add_argument("--seeds", type=int, default=None,
-                 help="seeds 0..N-1 per cell (default: each experiment's own, 8)")
+  p.add_argument("--seeds", default=None,
+                 help="N: seeds 0..N-1 per cell; A-B or A,B,...: those seeds (default: each experiment's own, 8)")
   p.add_argument("--probe", default="", help="run only the cells of this probe (e.g. delayed)")
   p.add_argument("--horizons", default="", help="comma-separated: run only the cells at these horizons (e.g. 8,2)")
   p.add_argument("--arms", default="", help="comma-separated: run only the cells of these arms (a cut of cells)")
@@ -179,7 +180,11 @@ def main(argv=None) -> int:
     horizons = tuple(int(h) for h in a.horizons.split(",") if h)
   except ValueError:
     p.error(f"--horizons {a.horizons!r}: comma-separated integers")
-  runs = planned_runs(ids, None if a.seeds is None else tuple(range(a.seeds)), a.probe or None, horizons or None,
+  try:
+    seeds = None if a.seeds is None else parse_seeds(a.seeds)
+  except ValueError as e:
+    p.error(f"--seeds {a.seeds!r}: {e}")
+  runs = planned_runs(ids, seeds, a.probe or None, horizons or None,
                       model=a.model, experiments=exps)
   if a.arms:
     keep = set(a.arms.split(","))
@@ -214,11 +219,16 @@ def main(argv=None) -> int:
             "(--rerun runs them again)", flush=True)
       runs = {n: c for n, c in runs.items() if n not in recorded}
       run_jobs = [j for j in run_jobs if j[0] in runs]
-      keep = {c.warm for c in runs.values()} | ({warm_name(*pr, a.model) for pr in PROBES} if a.probes else set())
-      keep |= {cw for n, c in runs.items() if (cw := critic_warm(c, int(n.rsplit("seed=", 1)[1])))}
-      warm_jobs = [j for j in warm_jobs if j[0] in keep]
-      critic_jobs = [j for j in critic_jobs if j[0] in keep]
-      warms = [w for w in warms if w in keep]
+      warm_jobs, critic_jobs, warms = _starts_of(runs, warm_jobs, critic_jobs, warms, a)
+  if a.round == 3 and a.records and (taken := kinds.owned_elsewhere(runs, a.records)):
+    # Amendment 1: a block (one horizon at one seed) is one machine kind's, from that kind's own starts.
+    where = sorted({f"H={kinds.horizon_of(n.rpartition(',seed=')[0])} seed {n.rpartition(',seed=')[2]} "
+                    f"({rel})" for n, rel in taken.items()})
+    print(f"study: {len(taken)} runs not launched: their blocks belong to another machine kind: {', '.join(where)}",
+          file=sys.stderr, flush=True)
+    runs = {n: c for n, c in runs.items() if n not in taken}
+    run_jobs = [j for j in run_jobs if j[0] in runs]
+    warm_jobs, critic_jobs, warms = _starts_of(runs, warm_jobs, critic_jobs, warms, a)
   os.makedirs(root, exist_ok=True)
   if a.model == "smol":  # --parallel N processes share one GPU: none may take 75% of its memory up front
     os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
@@ -298,6 +308,32 @@ def main(argv=None) -> int:
   print(f"study: done; python -m experiments.study.report --records {a.records or 'DIR'}")
   print(json.dumps(summary))
   return 0
+
+
+def _starts_of(runs: dict, warm_jobs: list, critic_jobs: list, warms: list, a) -> tuple[list, list, list]:
+  """The warm and critic jobs (and warm names) that the runs still to go begin from (a recorded or refused
+  run needs no start rebuilt; --probes keeps every probe's warm start)."""
+  keep = {c.warm for c in runs.values()} | ({warm_name(*pr, a.model) for pr in PROBES} if a.probes else set())
+  keep |= {cw for n, c in runs.items() if (cw := critic_warm(c, int(n.rsplit("seed=", 1)[1])))}
+  return ([j for j in warm_jobs if j[0] in keep], [j for j in critic_jobs if j[0] in keep],
+          [w for w in warms if w in keep])
+
+
+def parse_seeds(text: str) -> tuple[int, ...]:
+  """'N' -> 0..N-1; 'A-B' -> A..B; 'A,B,...' -> those (each seed once, in order given)."""
+  try:
+    if "," in text:
+      seeds = tuple(int(x) for x in text.split(",") if x)
+    elif "-" in text:
+      lo, hi = (int(x) for x in text.split("-"))
+      seeds = tuple(range(lo, hi + 1))
+    else:
+      seeds = tuple(range(int(text)))
+  except ValueError:
+    raise ValueError("a count N, a range A-B or a list A,B,...") from None
+  if not seeds or min(seeds) < 0 or len(set(seeds)) != len(seeds):
+    raise ValueError("no seed, a negative one or one twice")
+  return seeds
 
 
 def _with_args(jobs: list, more: str) -> list:

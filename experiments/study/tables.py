@@ -17,7 +17,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 
 from experiments.study import stats  # noqa: E402
 from experiments.study.plan import PROBES, warm_name  # noqa: E402
-from experiments.study.verdicts import comparison_verdict  # noqa: E402
+from experiments.study.verdicts import comparison_verdict, kind_name  # noqa: E402
 from mtrl_jax.train.critic_bar import CRITIC_BAR, bar_of  # noqa: E402
 
 INVALID_BAR = 0.05  # an arm "lost the action format" when invalid actions exceed this share of turns
@@ -88,8 +88,11 @@ def cell_table(exp, cs: dict) -> str:
 
 def critic_table(cs: dict) -> str:
   rows = []
-  for label, s in cs.items():
-    pre, rl = s["critic"], s["critic_rl"]
+  # A cell over several machine kinds (round 3's amendment 1): a row per kind's critic, RL's columns pooled.
+  each = [(label, s["critic"], s["critic_rl"]) if "by_kind" not in (s["critic"] or {}) else
+          (f"{label} ({kind_name(k)})", v, s["critic_rl"]) for label, s in cs.items()
+          for k, v in ((s["critic"] or {}).get("by_kind") or {None: None}).items()]
+  for label, pre, rl in each:
     if pre is None and not rl["explained_variance"]:
       continue
     mean = lambda xs: _num(float(np.mean(xs))) if xs else "—"  # noqa: E731

@@ -16,7 +16,7 @@ import numpy as np
 
 from experiments.study import stats
 from experiments.study.plan import SEEDS, critic_warm
-from experiments.study.round3 import PARTIAL_BAND, critic_state
+from experiments.study.round3 import MACHINE_KINDS, PARTIAL_BAND, critic_state
 from mtrl_jax.train.critic_bar import CRITIC_BAR, bar_of
 
 METRICS = ("final", "auc")
@@ -86,11 +86,50 @@ def cell_critic(cell, crit: dict) -> dict | None:
   return out
 
 
-def cell_stats(exp, runs: dict, crit: dict) -> dict:
-  """label -> the cell's records by seed, missing seeds, per-seed metrics and descriptive means."""
+def kind_name(folder: str) -> str:
+  """A machine kind's short name (round3.MACHINE_KINDS: 'AMD EPYC (2 cores)' -> 'AMD EPYC'), or the folder."""
+  label = dict(MACHINE_KINDS).get(folder, folder)
+  return label.split(",")[0].split(" (")[0]
+
+
+def critic_over_kinds(cell, kind_crit: dict, used: list[str]) -> dict | None:
+  """Amendment 1 (docs/STUDY_ROUND3.md): a cell whose runs come from several machine kinds, or from one that is
+  not the round's own, started from each kind's own critic. Each is summarised by cell_critic on its kind's
+  records (`by_kind`, in `used` order); the pooled fields are their means (ends too, as over critic seeds),
+  `bar` the worst kind's word, `n` and `seeds` the sums. in_band and untested_because judge each kind."""
+  parts = {k: cell_critic(cell, kind_crit.get(k, {})) for k in used}
+  if any(v is None for v in parts.values()):
+    return None
+  vals = list(parts.values())
+  done = [v for v in vals if v["n"]]
+  out = {"n": sum(v["n"] for v in vals), "seeds": sum(v["seeds"] for v in vals), "partial": vals[0]["partial"],
+         "by_kind": parts, "fit_seeds": sum(v["fit_seeds"] for v in vals),
+         "interval": bool(done) and all(v["interval"] for v in done)}
+  if len(done) < len(vals):  # a kind without its critic record: the cell reads as having none
+    return {**out, "n": 0, "ev": None, "oracle": None, "ratio": None, "bar": None, "interval": False}
+  for key in ("ev", "oracle", "ratio") + (("ev_lo", "ev_hi", "oracle_lo", "oracle_hi", "ratio_lo", "ratio_hi")
+                                          if out["interval"] else ()):
+    xs = [v[key] for v in done]
+    out[key] = None if any(x is None for x in xs) else float(np.mean(xs))
+  if out["interval"]:
+    out["sessions"] = min(v.get("sessions") or 0 for v in done)
+  words = {v["bar"] for v in done}
+  out["bar"] = next((w for w in ("no", "uncertain", None, "yes") if w in words), None)
+  return out
+
+
+def cell_stats(exp, runs: dict, crit: dict, kind_crit: dict | None = None) -> dict:
+  """label -> the cell's records by seed, missing seeds, per-seed metrics and descriptive means.
+
+  `kind_crit` ({kind folder: critics}, kinds.load_all's "kinds"; round 3's amendment 1): a cell whose runs
+  come from more than the round's own kind gets critic_over_kinds over the kinds its runs name (`_kind`)."""
   out = {}
+  first = next(iter(kind_crit)) if kind_crit else None
   for cell in exp.cells:
     recs = {s: runs[(cell.name, s)] for s in exp.seeds if (cell.name, s) in runs}
+    used = list(dict.fromkeys(sorted(r.get("_kind", first) for r in recs.values()))) if kind_crit else []
+    critic = (critic_over_kinds(cell, kind_crit, used) if used and used != [first]
+              else cell_critic(cell, crit))
     by = {"final": {s: r["final"]["success"] for s, r in recs.items()},
           "auc": {s: r["auc"] for s, r in recs.items() if r.get("auc") is not None}}
     out[cell.label] = {
@@ -100,7 +139,7 @@ def cell_stats(exp, runs: dict, crit: dict) -> dict:
         "tokens": [r["rollout"]["tokens"][-1] for r in recs.values() if r["rollout"]["tokens"]],
         "wall": [r["wall_s"] for r in recs.values() if r.get("wall_s")],
         "staleness": [r["staleness"] for r in recs.values() if r.get("staleness") is not None],
-        "critic": cell_critic(cell, crit),
+        "critic": critic,
         "critic_rl": {k: [r["critic"][k] for r in recs.values() if k in (r.get("critic") or {})]
                       for k in ("explained_variance", "oracle_explained_variance")}}
   return out
@@ -112,16 +151,28 @@ BAND_WORDS = f"the registered band {PARTIAL_BAND[0]:g}-{PARTIAL_BAND[1]:g}"
 def in_band(c: dict) -> bool:
   """A partial critic's handed-over point ratio lies in round3.PARTIAL_BAND (ends included). The point, not
   the interval: the band says what the critic was stopped at (about 0.3-0.6), not a bar it must clear."""
+  if "by_kind" in c:  # amendment 1: every machine kind's own partial critic
+    return all(v["n"] and in_band(v) for v in c["by_kind"].values())
   return c["ratio"] is not None and PARTIAL_BAND[0] <= c["ratio"] <= PARTIAL_BAND[1]
 
 
 def _partial_said(lab: str, c: dict) -> str:
-  """'`lab`'s partial critic read 0.54 [95% 0.53, 0.56] x the oracle's EV' (its interval, where the record has one)."""
+  """'`lab`'s partial critic read 0.54 [95% 0.53, 0.56] x the oracle's EV' (its interval, where the record has one);
+  over machine kinds (amendment 1), each kind's reading."""
+  if "by_kind" in c:
+    if any(v["ratio"] is None for v in c["by_kind"].values()):
+      return f"`{lab}`'s partial critic has no EV ratio on some machine kind (the oracle explains nothing)"
+    return f"`{lab}`'s partial critics read " + " and ".join(
+        _ratio_ends(v) + f" on the {kind_name(k)}" for k, v in c["by_kind"].items()) + " x the oracle's EV"
   if c["ratio"] is None:
     return f"`{lab}`'s partial critic has no EV ratio (the oracle explains nothing)"
-  ends = (f" [95% {c['ratio_lo']:.2f}, {c['ratio_hi']:.2f}]" if c["interval"]
-          else " (point ratio: the record has no interval)")
-  return f"`{lab}`'s partial critic read {c['ratio']:.2f}{ends} x the oracle's EV"
+  return f"`{lab}`'s partial critic read {_ratio_ends(c)} x the oracle's EV"
+
+
+def _ratio_ends(c: dict) -> str:
+  """'0.54 [95% 0.53, 0.56]' (or the point ratio, said so, for a record without an interval)."""
+  return f"{c['ratio']:.2f}" + (f" [95% {c['ratio_lo']:.2f}, {c['ratio_hi']:.2f}]" if c["interval"]
+                                 else " (point ratio: the record has no interval)")
 
 
 def untested_because(cs: dict, *labels, uncertain: bool = False) -> str | None:
@@ -141,19 +192,22 @@ def untested_because(cs: dict, *labels, uncertain: bool = False) -> str | None:
     return (f"{c['ratio']:.2f} [95% {c['ratio_lo']:.2f}, {c['ratio_hi']:.2f}] x the oracle's "
             f"{c['oracle']:.2f}")
 
-  critics = [(lab, c) for lab in labels if (c := cs[lab]["critic"])]
-  partial = [(lab, c) for lab, c in critics if c.get("partial")]
-  critics = [(lab, c) for lab, c in critics if not c.get("partial")]
+  both = [(lab, c) for lab in labels if (c := cs[lab]["critic"])]
+  partial = [(lab, c) for lab, c in both if c.get("partial")]
+  # Amendment 1: a full critic over several machine kinds is judged on each kind's own (`on`: which).
+  critics = [x for lab, c in both if not c.get("partial") for x in (
+      [(lab, v, f" on the {kind_name(k)}") for k, v in c["by_kind"].items()] if "by_kind" in c else [(lab, c, "")])]
   if uncertain:
-    said = [f"`{lab}`'s critic EV {c['ev']:.2f} = {ratio_said(c)}" for lab, c in critics if c["bar"] == "uncertain"]
+    said = [f"`{lab}`'s critic{on} EV {c['ev']:.2f} = {ratio_said(c)}" for lab, c, on in critics
+            if c["bar"] == "uncertain"]
     return ("; ".join(said) + f": the ratio's interval straddles the bar ({CRITIC_BAR}), so the critic may be "
             "below it") if said else None
   unrun = [lab for lab in labels if not cs[lab]["recs"]]
   if unrun:
     return "no records of " + " and ".join(f"`{lab}`" for lab in unrun)
-  weak = [f"`{lab}`'s critic EV {c['ev']:.2f} = {ratio_said(c)}" for lab, c in critics
+  weak = [f"`{lab}`'s critic{on} EV {c['ev']:.2f} = {ratio_said(c)}" for lab, c, on in critics
           if c["bar"] == "no" and c["ratio"] is not None]
-  missing = [f"`{lab}` has no critic record" for lab, c in critics if c["n"] == 0]
+  missing = [f"`{lab}` has no critic record{on}" for lab, c, on in critics if c["n"] == 0]
   why = weak + missing
   bar = "; ".join(why) + f" (bar: {CRITIC_BAR} x the oracle's EV before RL)" if why else None
   off = [f"`{lab}` has no critic record" if c["n"] == 0 else f"{_partial_said(lab, c)}, outside {BAND_WORDS}"
