@@ -11,6 +11,9 @@ binary q=1 control here: the experiments' `controls` are dropped before testing,
 critics before RL (tables.critic_warm_table), the probe's warm start at its decisive turn beside the
 ceiling (tables.cue_probe_table, from the warm and ceiling records). E6 reads round3.E6_REASON, TextWorld
 round3.TEXTWORLD_NOTE.
+Amendment 1 (kinds.py): the report pools every machine kind's records folder (round3.MACHINE_KINDS), prints each
+kind's warm starts and critics, judges a cell's critic on each kind's own, and adds which kind made which seeds
+with each claim's mean difference per kind.
 The same records give the same STUDY3.md, byte for byte, but for the date line; the last line printed
 is one JSON object with every verdict.
 """
@@ -165,12 +168,15 @@ graded positive control per probe. The second round's report, docs/STUDY.md, is 
 Generated: {date}
 Runs: {n_done} recorded, {n_missing} missing (of the plan: every cell x seed).
 
-Continue the round (CPU, resumable; each finished run writes its record under docs/study3/, a run already recorded
-is skipped), or reproduce it (`--rerun`: the recorded runs too, their records overwritten, so `git diff docs/study3`
-shows what did not reproduce). Either way every start the runs begin from is first checked against its record
-(experiments/study/starts.py): a start rebuilt on another CPU kind can differ, and its runs are then not launched.
+Continue the round (CPU, resumable; each finished run writes its record under its machine kind's folder, a run
+already recorded is skipped), or reproduce it (`--rerun`: the recorded runs too, their records overwritten, so
+`git diff docs/study3` shows what did not reproduce). Either way every start the runs begin from is first checked
+against its record (experiments/study/starts.py): a start rebuilt on another CPU kind can differ, and its runs are
+then not launched. Since amendment 1 (docs/STUDY_ROUND3.md) a second machine kind adds whole seed blocks from its
+own starts, in its own folder (round3.MACHINE_KINDS: `--records docs/study3_xeon` on the Intel Xeon), and the
+runner leaves a block another kind has begun to that kind.
 ```bash
-python -m experiments.study --round 3 --root ROOT --parallel 2 [--rerun]
+python -m experiments.study --round 3 --root ROOT --parallel 2 [--records docs/study3_xeon] [--rerun]
 python -m experiments.study.report --round 3
 ```"""
 

@@ -44,6 +44,13 @@ starts of delayed(cue) per horizon, a full and a partial critic warm start each,
 records in docs/study3/ by default (and, first, the ceiling record of each probe it runs, if absent):
 
   python -m experiments.study --round 3 --root /tmp/study3 --dry_run     # its jobs, listed
+
+Amendment 1 (docs/STUDY_ROUND3.md; kinds.py): a second machine kind adds whole seed blocks (one horizon at one
+seed) from its own starts, recorded in its own folder (round3.MACHINE_KINDS), e.g. on the Intel Xeon:
+
+  python -m experiments.study --round 3 --root /tmp/study3 --parallel 2 --horizons 2 --seeds 5-7 --records docs/study3_xeon
+
+A block that another kind's folder already has runs of is not launched (the runner says which and whose).
 """
 from __future__ import annotations
 

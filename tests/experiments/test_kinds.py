@@ -113,7 +113,7 @@ def test_a_partial_cell_is_in_band_only_if_every_kinds_critic_is(two_kinds):
   band 0.3-0.6) it is not tested and the reason names B's, although the two critics' mean (0.535) is inside.
 
   Breaks checked: in_band on the pooled mean ratio calls the 0.70 case tested; cell_stats ignoring
-  kind_crit reads A's critic only (tested, one reading); the note without by_kind names one reading."""
+  kind_crit reads A's critic only (the 0.70 case tested)."""
   a, b = two_kinds
   e4 = round3.experiment("E4")
   h2 = [c for c in e4.cells if c.label in ("policy 0.95 critic 1.0 partial h2", "gae_lambda0.95 partial h2")]
