@@ -37,7 +37,7 @@ import os
 from typing import NamedTuple
 
 from experiments.study import records as records_mod
-from experiments.study import round3, stats
+from experiments.study import kinds, round3, stats
 from experiments.study.plan import CRITIC_ARMS
 from experiments.study.tables import _table
 from experiments.study.verdicts import (METRIC_NAMES, METRICS, cell_stats, comparison_verdict, critic_notes,
@@ -273,8 +273,9 @@ def section(exps, cstats: dict, items: list, lad: dict) -> str:
 def _graded(records_dir: str, experiments=None, code=None):
   """The experiments with records, their cell numbers, tested items and ladders."""
   exps = round3.EXPERIMENTS if experiments is None else experiments
-  got = records_mod.load(records_dir)
-  cstats = {e.id: cell_stats(e, got["runs"], got["critics"]) for e in exps}
+  dirs = kinds.pooled_dirs(records_dir)  # round 3's amendment 1: every machine kind's seeds, as report3 reads them
+  got = kinds.load_all(dirs=dirs)
+  cstats = {e.id: cell_stats(e, got["runs"], got["critics"], got["kinds"] if dirs[1:] else None) for e in exps}
   ran = [e for e in exps if not e.cut and any(s["recs"] for s in cstats[e.id].values())]
   items = study_tests(ran, cstats, code)["items"]
   return ran, cstats, items, study_ladders(ran, cstats, code)
@@ -308,7 +309,7 @@ def smallest_detected(lad: dict) -> dict:
 
 def main(argv=None) -> str:
   p = argparse.ArgumentParser(prog="python -m experiments.study.graded", description=__doc__.split("\n\n")[0])
-  p.add_argument("--records", default=records_mod.ROUND3_RECORDS, help="the record folder (default docs/study3)")
+  p.add_argument("--records", default=records_mod.ROUND3_RECORDS, help="the record folder (default docs/study3, pooled with every other machine kind's folder: amendment 1)")
   p.add_argument("--out", default="", help="write the markdown here too")
   a = p.parse_args(argv)
   if not os.path.isdir(a.records):

@@ -63,6 +63,15 @@ def owned_elsewhere(names, out: str, repo: str | None = None) -> dict[str, str]:
   return out_of
 
 
+def pooled_dirs(records_dir: str, also=None) -> list[str]:
+  """The folders a round-3 report reads: `records_dir` and `also`, or by default (also None) every other
+  registered kind's existing folder when `records_dir` is the round's own, else `records_dir` alone."""
+  if also is None:
+    own = os.path.abspath(records_dir) == os.path.abspath(folders()[0])
+    also = [d for d in folders()[1:] if os.path.isdir(d)] if own else []
+  return [records_dir, *also]
+
+
 def load_all(repo: str | None = None, dirs=None) -> dict:
   """records.load over every kind's folder (`dirs`: these folders instead, the round's own first): the runs of
   all of them, each record with its kind's folder under `_kind`; the first folder's warm, critic and ceiling

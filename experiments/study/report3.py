@@ -187,10 +187,8 @@ def report(records_dir: str, out: str, date: str | None = None, experiments=None
   unless given; `code`: the check of the records' code versions (default: round3.CODE_MAY_DIFFER, this git).
   `also`: more machine kinds' record folders to pool (amendment 1, kinds.py); by default the other kinds of
   round3.MACHINE_KINDS when `records_dir` is the round's own folder, else none."""
-  if also is None:
-    own = os.path.abspath(records_dir) == os.path.abspath(kinds.folders()[0])
-    also = [d for d in kinds.folders()[1:] if os.path.isdir(d)] if own else []
-  dirs = [records_dir, *also]
+  dirs = kinds.pooled_dirs(records_dir, also)
+  also = dirs[1:]
   exps = tuple(dataclasses.replace(e, controls=()) for e in (round3.EXPERIMENTS if experiments is None else experiments))
   code = CodeCheck(round3.CODE_MAY_DIFFER, cache=os.path.join(records_dir, "code_diffs.json"),
                    where=round3.WHERE) if code is None else code

@@ -127,7 +127,8 @@ def cell_stats(exp, runs: dict, crit: dict, kind_crit: dict | None = None) -> di
   first = next(iter(kind_crit)) if kind_crit else None
   for cell in exp.cells:
     recs = {s: runs[(cell.name, s)] for s in exp.seeds if (cell.name, s) in runs}
-    used = list(dict.fromkeys(sorted(r.get("_kind", first) for r in recs.values()))) if kind_crit else []
+    kinds_here = {r.get("_kind", first) for r in recs.values()}
+    used = [k for k in kind_crit if k in kinds_here] if kind_crit else []  # in the registry's order
     critic = (critic_over_kinds(cell, kind_crit, used) if used and used != [first]
               else cell_critic(cell, crit))
     by = {"final": {s: r["final"]["success"] for s, r in recs.items()},

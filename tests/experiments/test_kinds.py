@@ -138,3 +138,34 @@ def test_a_partial_cell_is_in_band_only_if_every_kinds_critic_is(two_kinds):
   why, note = judged(0.70)
   assert why is not None and "0.70 [95% 0.68, 0.72] on the Intel Xeon" in why and "outside the registered band" in why
   assert note is None
+
+
+def test_a_full_critic_is_judged_on_every_kind(two_kinds):
+  """E1's `gae_lambda0.95 full h2` against `gae_lambda1 full h2`, seeds 0-1 from kind A (full critic at 0.86) and
+  5-6 from B: with B's critic at 0.50 (its interval below the bar 0.8) the comparison is not tested and the
+  reason names B's critic; with B's at 0.90 it is tested.
+
+  Breaks checked: the per-kind expansion of full critics removed names no kind (the pooled critic's reason);
+  cell_stats ignoring kind_crit reads A's critic only and calls the 0.50 case tested."""
+  a, b = two_kinds
+  e1 = round3.experiment("E1")
+  cells = [c for c in e1.cells if c.label in ("gae_lambda0.95 full h2", "gae_lambda1 full h2")]
+  assert len(cells) == 2 and all(round3.critic_state(c) == "full" for c in cells)
+  full = lambda r: {**_critic(r, r - 0.02, r + 0.02), "warm": H2}  # noqa: E731
+  records.write(a, full(0.86))
+  for c in cells:
+    for s in (0, 1):
+      _run(a, c.name, s)
+    for s in (5, 6):
+      _run(b, c.name, s)
+
+  def why(b_ratio):
+    records.write(b, full(b_ratio))
+    got = kinds.load_all(dirs=[a, b])
+    return verdicts.untested_because(verdicts.cell_stats(e1, got["runs"], got["critics"], got["kinds"]),
+                                     *[c.label for c in cells])
+
+  said = why(0.50)
+  assert said is not None and "`gae_lambda0.95 full h2`'s critic on the Intel Xeon EV 0.17" in said
+  assert "on the AMD EPYC" not in said
+  assert why(0.90) is None
