@@ -5,7 +5,7 @@ paired difference when both runs come from one machine and one start. Amendment 
 kind add seeds under that rule: a **block** (one horizon at one seed: every cell there) is made on one kind,
 from that kind's own starts, recorded in that kind's folder (round3.MACHINE_KINDS). The first kind to record
 a run in a block owns it (`owned_elsewhere` says which runs a folder may not take), and the report pools
-every kind's runs (`load_all`), keeping each kind's critics apart (`critics_by_kind`) so that a critic's
+every kind's runs (`load_all`), keeping each kind's critics apart (its "kinds") so that a critic's
 state is judged on every start the runs began from.
 """
 from __future__ import annotations
@@ -95,17 +95,10 @@ def load_all(repo: str | None = None, dirs=None) -> dict:
   return out
 
 
-def seeds_by_kind(runs: dict) -> dict[str, list[int]]:
-  """kind folder -> the seeds it made, over `runs` ({(cell, seed): rec} from load_all)."""
-  out: dict[str, set] = {}
-  for (_, seed), rec in runs.items():
-    out.setdefault(rec.get("_kind", ""), set()).add(seed)
-  return {k: sorted(v) for k, v in out.items()}
-
-
 def table(exps, cstats: dict, items: list[dict], first: str) -> str:
   """Amendment 1's descriptive check: each claim's mean paired difference A - B, pooled and per machine kind,
   for the claims with a seed from a kind other than `first` ('' when none has)."""
+  # Here, not at the top: the runner imports this module, and tables.py brings matplotlib with it.
   from experiments.study import stats
   from experiments.study.tables import _table
   from experiments.study.verdicts import METRICS, kind_name

@@ -169,3 +169,28 @@ def test_a_full_critic_is_judged_on_every_kind(two_kinds):
   assert said is not None and "`gae_lambda0.95 full h2`'s critic on the Intel Xeon EV 0.17" in said
   assert "on the AMD EPYC" not in said
   assert why(0.90) is None
+
+
+def test_the_per_kind_table_shows_each_kinds_mean_difference(two_kinds):
+  """A claim with seeds 0-1 from kind A (d = +0.1, 0.0) and 5-6 from B (d = -0.2, 0.0) gets a final-success row
+  of -0.025 over all four seeds, +0.050 on the AMD EPYC and -0.100 on the Intel Xeon; a claim whose seeds are
+  all A's gets no row.
+
+  Breaks checked: the skip of one-kind claims removed adds the second claim's rows; the per-kind mean taken
+  over every seed prints -0.025 in each kind's column."""
+  a, b = two_kinds
+  e4 = round3.experiment("E4")
+  la, lb, lc = "policy 0.95 critic 1.0 partial h2", "gae_lambda0.95 partial h2", "policy 0.95 critic 1.0 none h2"
+  cell = {c.label: c for c in e4.cells}
+  for seed, fa, out in ((0, 0.6, a), (1, 0.5, a), (5, 0.3, b), (6, 0.5, b)):
+    _run(out, cell[la].name, seed, fa)
+    _run(out, cell[lb].name, seed, 0.5)
+  for seed in (0, 1):
+    _run(a, cell[lc].name, seed, 0.7)
+  got = kinds.load_all(dirs=[a, b])
+  cs = {"E4": verdicts.cell_stats(e4, got["runs"], got["critics"], got["kinds"])}
+  items = [{"kind": "claim", "exp": "E4", "a": la, "b": lb}, {"kind": "claim", "exp": "E4", "a": lc, "b": lb}]
+  text = kinds.table([e4], cs, items, "study3")
+  rows = [ln for ln in text.splitlines() if ln.startswith("| E4")]
+  assert rows[0] == f"| E4: {la} > {lb} | final | -0.025 (n 4) | +0.050 (n 2) | -0.100 (n 2) |"
+  assert not any(lc in r for r in rows)
