@@ -228,8 +228,7 @@ def report(records_dir: str, out: str, date: str | None = None, experiments=None
   families = "; ".join(f"{f}: {n} p-values" for f, n in dict.fromkeys((t["family"], t["family_size"]) for t in inter))
   text = "\n\n".join([
       header(n_done, len(planned) - n_done, date, ", ".join(
-          f"`{x}`" for x in [shown if not shown.startswith("..") else records_dir, *got["folders"]][:1]
-          + list(got["folders"])[1:])),
+          f"`{x}`" for x in [shown if not shown.startswith("..") else records_dir, *list(got["folders"])[1:]])),
       "<!-- headline -->\n" + "\n".join(headline) + "\n<!-- /headline -->",
       f"Holm families: the claims and factor contrasts, {tests['family']} p-values (their tests x final success "
       f"and AUC); the pre-registered interaction, apart: {families or 'none'}.",
