@@ -9,7 +9,6 @@ import pytest
 
 from experiments.study import kinds, records, round3, runner, verdicts
 from experiments.study.plan import planned_runs
-from mtrl_jax.compile import cache as compile_cache
 
 H2 = "probe=delayed,horizon=2,cue=true"
 
@@ -60,19 +59,12 @@ def test_a_block_another_kind_has_begun_is_not_taken(two_kinds):
   assert kinds.owned_elsewhere(want, os.path.join(os.path.dirname(a), "replica")) == {}
 
 
-def test_the_runner_refuses_another_kinds_block_and_runs_the_free_ones(two_kinds, monkeypatch, capsys):
+def test_the_runner_refuses_another_kinds_block_and_runs_the_free_ones(two_kinds, launched, monkeypatch, capsys):
   """`--records B --seeds 2` with A owning H=2 seed 0: the runner launches E1's 18 H=2 runs of seed 1 only and
   says which block it refused and whose it is.
 
   Breaks checked: the runner without its owned_elsewhere call launches all 36."""
   a, b = two_kinds
-  monkeypatch.setenv(compile_cache.ENV, "")
-  got: dict = {}
-
-  def pool(jobs, parallel, what, on_done=None, in_process=False):
-    got.setdefault(what, []).extend(n for n, _, _ in jobs)
-    return []
-  monkeypatch.setattr(runner, "_pool", pool)
   monkeypatch.setattr(runner.starts, "check", lambda *args, **kw: {})  # the start check has its own tests
   first = sorted(planned_runs(["E1"], (0,), None, (2,), experiments=round3.EXPERIMENTS))[0]
   _run(a, first.rpartition(",seed=")[0], 0)
@@ -80,7 +72,7 @@ def test_the_runner_refuses_another_kinds_block_and_runs_the_free_ones(two_kinds
   argv = ["--round", "3", "--root", root, "--records", b, "--only", "E1", "--horizons", "2", "--seeds", "2"]
   assert runner.main(argv) == 0
   want = planned_runs(["E1"], (1,), None, (2,), experiments=round3.EXPERIMENTS)
-  assert sorted(got["run"]) == sorted(want) and len(want) == 18
+  assert sorted(launched["run"]) == sorted(want) and len(want) == 18
   assert f"18 runs not launched: their blocks belong to another machine kind: H=2 seed 0 (study3)" in capsys.readouterr().err
 
 

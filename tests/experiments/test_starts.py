@@ -6,11 +6,9 @@ import json
 import os
 
 import numpy as np
-import pytest
 
 from experiments.study import records, round3, runner, starts
 from experiments.study.plan import planned_runs
-from mtrl_jax.compile import cache as compile_cache
 
 H2 = "probe=delayed,horizon=2,cue=true"
 FULL, PARTIAL = f"{H2},critic,seed=0", f"{H2},vpr=0.3,critic,seed=0"
@@ -87,19 +85,6 @@ def test_a_critic_that_differs_refuses_every_run_of_its_policy_warm_start_and_no
   assert no == h2 and len(h2) == 27
   assert {n for n in runs if ",horizon=8," in n}.isdisjoint(no)
   assert any(",arm=ms_grpo," in n for n in no) and any("vp=false" in n for n in no)
-
-
-@pytest.fixture
-def launched(monkeypatch):
-  """runner.main with its job pool replaced: the names each pool call was given (warm, critic, run)."""
-  monkeypatch.setenv(compile_cache.ENV, "")
-  got: dict = {}
-
-  def pool(jobs, parallel, what, on_done=None, in_process=False):
-    got.setdefault(what, []).extend(n for n, _, _ in jobs)
-    return []
-  monkeypatch.setattr(runner, "_pool", pool)
-  return got
 
 
 def test_the_runner_launches_nothing_from_a_start_that_differs_from_its_record(tmp_path, launched, capsys):
