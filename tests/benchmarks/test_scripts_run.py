@@ -51,6 +51,9 @@ RUNS = {
     # round 3's graded part from an empty record folder (every claim 'not tested'); the numbers: test_graded.py
     "experiments/study/graded.py": (["--records", "{d}"], False),
     "experiments/study/machines.py": (["--b", "docs/study3_replica", "--out", "{d}/COMPARISON.md"], False),
+    # the per-file profile of a recorded quick-tier log (the tier itself takes 10 minutes)
+    "benchmarks/quick_tier.py": (["--log", "tests/benchmarks/quick_tier_sample.txt", "--out", "{d}/profile.json"],
+                                 False),
     "benchmarks/rollout.py": (["--tasks", "2", "--group", "2", "--rows", "2", "--reps", "1", "--dim", "32",
                                "--layers", "1", "--max_turns", "2", "--budget", "16", "--latency_ms", "1",
                                "--prompt_chars", "40"], True),
