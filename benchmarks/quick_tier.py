@@ -43,11 +43,10 @@ def parse(text: str) -> dict:
   per_file: dict = collections.defaultdict(float)
   summary = ""
   for line in text.splitlines():
-    m = _DURATION.match(line)
-    if m:
+    if m := _DURATION.match(line):
       per_file[m.group(3)] += float(m.group(1))
-    elif _SUMMARY.match(line):
-      summary = _SUMMARY.match(line).group(1)
+    elif m := _SUMMARY.match(line):
+      summary = m.group(1)
   if not per_file:
     raise ValueError("no --durations lines in the pytest output: was it run with --durations=0?")
   counts = {k: int(n) for n, k in re.findall(r"(\d+) (passed|failed|errors?|skipped|deselected)", summary)}
