@@ -136,7 +136,7 @@ def main(argv=None) -> dict:
     print("running: " + " ".join(COMMAND[2:]) + "  (the README's quick tier, about 10 minutes)", flush=True)
     text, timing = run()
   profile = {**parse(text), **timing, "machine": args.machine or cpu_kind(),
-             "commit": args.commit or commit(), "source": args.log or "run"}
+             "commit": args.commit or commit(), "source": os.path.basename(args.log) if args.log else "run"}
   old = json.load(open(args.compare)) if args.compare else None
   print(table(profile, old, args.top))
   if args.out:
